@@ -1,0 +1,188 @@
+# graphd build. Everything lands in $(BUILD)/; `make help` lists the targets.
+
+BUILD    ?= build
+PREFIX   ?= /usr/local
+DESTDIR  ?=
+CC       ?= gcc
+CXX      ?= g++
+PYTHON   ?= /usr/bin/python3
+# debian: Debian's libtorch-dev (CPU). python: the libtorch inside $(PYTHON)'s torch package.
+TORCH    ?= debian
+SAN      ?=
+
+VERSION  := $(shell cat VERSION 2>/dev/null || echo 0.0.0)
+
+DEB_PKGS := build-essential pkg-config libgrpc-dev libprotobuf-c-dev protobuf-c-compiler \
+            libuv1-dev libcmocka-dev libze-dev libtorch-dev python3-torch python3-pytest \
+            libsystemd-dev libjansson-dev libinih-dev clang-format cppcheck clang-tidy procps
+PC_PKGS  := grpc libprotobuf-c libuv jansson inih libsystemd
+
+PC_CFLAGS = $(shell pkg-config --cflags $(PC_PKGS) 2>/dev/null)
+PC_LIBS   = $(shell pkg-config --libs $(PC_PKGS) 2>/dev/null)
+
+ifeq ($(TORCH),python)
+TORCH_DIR    := $(shell $(PYTHON) -c 'import os,torch;print(os.path.dirname(torch.__file__))' 2>/dev/null)
+TORCH_CFLAGS := -isystem $(TORCH_DIR)/include -isystem $(TORCH_DIR)/include/torch/csrc/api/include
+TORCH_LIBS   := -L$(TORCH_DIR)/lib -Wl,-rpath,$(TORCH_DIR)/lib -ltorch -ltorch_cpu -lc10
+else
+TORCH_CFLAGS := -isystem /usr/include/torch/csrc/api/include
+TORCH_LIBS   := -ltorch -ltorch_cpu -lc10
+endif
+
+ifneq ($(SAN),)
+SANFLAGS := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+endif
+
+INCLUDES := -I$(BUILD)/gen -Iproto -Ipool_manager -Igraph_runtime -Idaemon -Iclient/c
+WARN     := -Wall -Wextra -Werror
+CFLAGS   ?= -O2 -g
+CXXFLAGS ?= -O2 -g
+ALL_CFLAGS   = -std=c11 $(WARN) -Wstrict-prototypes -D_GNU_SOURCE -fPIC -MMD -MP \
+               -DGRAPHD_VERSION='"$(VERSION)"' $(INCLUDES) $(PC_CFLAGS) $(SANFLAGS) $(CFLAGS)
+ALL_CXXFLAGS = -std=c++17 $(WARN) -fPIC -MMD -MP $(INCLUDES) $(TORCH_CFLAGS) $(SANFLAGS) $(CXXFLAGS)
+LDLIBS_ALL   = $(PC_LIBS) -lpthread -lm
+LDFLAGS_ALL  = $(SANFLAGS) -Wl,--as-needed $(LDFLAGS)
+
+GEN_C := $(BUILD)/gen/graphd.pb-c.c
+GEN_H := $(BUILD)/gen/graphd.pb-c.h
+GEN_O := $(BUILD)/obj/gen/graphd.pb-c.o
+
+PM_SRC     := $(wildcard pool_manager/*.c)
+GR_CSRC    := $(wildcard graph_runtime/*.c)
+GR_CXXSRC  := $(wildcard graph_runtime/*.cpp)
+GD_SRC     := $(filter-out daemon/main.c,$(wildcard daemon/*.c))
+CLI_SRC    := $(filter-out client/c/graphctl.c,$(wildcard client/c/*.c))
+UNIT_SRC   := $(wildcard tests/unit/test_*.c)
+INTEG_SRC  := $(wildcard tests/integration/test_*.c)
+TESTLIB_SRC:= $(wildcard tests/lib/*.c)
+BENCH_SRC  := $(wildcard bench/*.c)
+
+obj = $(patsubst %.c,$(BUILD)/obj/%.o,$(filter %.c,$(1))) $(patsubst %.cpp,$(BUILD)/obj/%.o,$(filter %.cpp,$(1)))
+
+LIBPM  := $(BUILD)/libpm.a
+LIBGR  := $(BUILD)/libgr.a
+LIBGD  := $(BUILD)/libgd.a
+LIBCLI := $(BUILD)/libgraphd.a
+SOCLI  := $(BUILD)/libgraphd.so
+TESTLIB:= $(BUILD)/libgdtest.a
+
+UNIT_BIN  := $(patsubst tests/unit/%.c,$(BUILD)/tests/unit/%,$(UNIT_SRC))
+INTEG_BIN := $(patsubst tests/integration/%.c,$(BUILD)/tests/integration/%,$(INTEG_SRC))
+BENCH_BIN := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
+
+RT_LIBS := $(if $(GR_CXXSRC),$(TORCH_LIBS) -lstdc++)
+
+.PHONY: all deps test unit integration python-test asan demo install format lint bench clean help
+all: $(BUILD)/graphd $(SOCLI) $(BUILD)/graphctl $(UNIT_BIN) $(INTEG_BIN) $(BENCH_BIN)
+
+help:
+	@echo "make deps      install the Debian packages graphd needs (root)"
+	@echo "make           build everything into $(BUILD)/"
+	@echo "make test      run every test (unit, integration, python)"
+	@echo "make asan      the same tests under AddressSanitizer + UBSan (build-asan/)"
+	@echo "make demo      build, start a daemon on the CPU device, show it working"
+	@echo "make install   install under PREFIX=$(PREFIX) DESTDIR=$(DESTDIR)"
+	@echo "make format / make lint / make bench / make clean"
+
+deps:
+	@missing=""; for p in $(DEB_PKGS); do \
+	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$p"; \
+	done; \
+	if [ -z "$$missing" ]; then echo "deps: all Debian packages present"; exit 0; fi; \
+	if [ "$$(id -u)" != 0 ]; then echo "deps: missing:$$missing; run 'make deps' as root (or apt-get install them)" >&2; exit 1; fi; \
+	echo "deps: installing$$missing"; \
+	apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing
+
+$(GEN_C) $(GEN_H): proto/graphd.proto
+	@mkdir -p $(BUILD)/gen
+	protoc-c --c_out=$(BUILD)/gen -Iproto proto/graphd.proto
+
+$(BUILD)/obj/%.o: %.c $(GEN_H)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) -c $< -o $@
+
+$(BUILD)/obj/%.o: %.cpp
+	@mkdir -p $(dir $@)
+	$(CXX) $(ALL_CXXFLAGS) -c $< -o $@
+
+$(GEN_O): $(GEN_C)
+	@mkdir -p $(dir $@)
+	$(CC) $(filter-out -Werror,$(ALL_CFLAGS)) -c $< -o $@
+
+$(LIBPM): $(call obj,$(PM_SRC))
+	@rm -f $@; ar rcs $@ $^
+$(LIBGR): $(call obj,$(GR_CSRC) $(GR_CXXSRC))
+	@rm -f $@; ar rcs $@ $^
+$(LIBGD): $(call obj,$(GD_SRC)) $(GEN_O)
+	@rm -f $@; ar rcs $@ $^
+$(LIBCLI): $(call obj,$(CLI_SRC)) $(GEN_O)
+	@rm -f $@; ar rcs $@ $^
+$(TESTLIB): $(call obj,$(TESTLIB_SRC))
+	@rm -f $@; ar rcs $@ $^ $(if $^,,/dev/null 2>/dev/null || true)
+
+$(BUILD)/graphd: $(BUILD)/obj/daemon/main.o $(LIBGD) $(LIBGR) $(LIBPM)
+	$(CXX) $(LDFLAGS_ALL) -o $@ $^ $(RT_LIBS) $(LDLIBS_ALL)
+
+$(SOCLI): $(call obj,$(CLI_SRC)) $(GEN_O)
+	$(CC) -shared $(LDFLAGS_ALL) -Wl,-soname,libgraphd.so.0 -o $@ $^ $(LDLIBS_ALL)
+
+$(BUILD)/graphctl: $(BUILD)/obj/client/c/graphctl.o $(SOCLI)
+	$(CC) $(LDFLAGS_ALL) -o $@ $< -L$(BUILD) -Wl,-rpath,'$$ORIGIN' -lgraphd $(LDLIBS_ALL)
+
+# Unit tests see every module's internals; integration tests only the public client API.
+$(BUILD)/tests/unit/%: $(BUILD)/obj/tests/unit/%.o $(LIBGD) $(LIBGR) $(LIBPM) $(LIBCLI)
+	@mkdir -p $(dir $@)
+	$(CXX) $(LDFLAGS_ALL) -o $@ $^ $(RT_LIBS) $(LDLIBS_ALL) -lcmocka
+
+$(BUILD)/tests/integration/%: $(BUILD)/obj/tests/integration/%.o $(call obj,$(TESTLIB_SRC)) $(SOCLI)
+	@mkdir -p $(dir $@)
+	$(CC) $(LDFLAGS_ALL) -o $@ $(filter %.o,$^) -L$(BUILD) -Wl,-rpath,'$$ORIGIN/../..' -lgraphd $(LDLIBS_ALL) -lcmocka
+
+$(BUILD)/bench/%: $(BUILD)/obj/bench/%.o $(LIBGR) $(SOCLI)
+	@mkdir -p $(dir $@)
+	$(CXX) $(LDFLAGS_ALL) -o $@ $(filter %.o %.a,$^) -L$(BUILD) -Wl,-rpath,'$$ORIGIN/..' -lgraphd $(RT_LIBS) $(LDLIBS_ALL)
+
+test: deps
+	@$(MAKE) --no-print-directory all
+	@BUILD=$(BUILD) PYTHON=$(PYTHON) tests/run_tests.sh
+
+asan: deps
+	@$(MAKE) --no-print-directory BUILD=build-asan SAN=1 CFLAGS="-O1 -g" CXXFLAGS="-O1 -g" all
+	@BUILD=build-asan PYTHON=$(PYTHON) SAN=1 tests/run_tests.sh
+
+demo: deps
+	@$(MAKE) --no-print-directory all
+	@BUILD=$(BUILD) PYTHON=$(PYTHON) tests/demo.sh
+
+bench: all
+	@BUILD=$(BUILD) PYTHON=$(PYTHON) bench/run.sh
+
+install: $(BUILD)/graphd $(SOCLI) $(BUILD)/graphctl
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/sbin $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/include
+	install -m 755 $(BUILD)/graphd $(DESTDIR)$(PREFIX)/sbin/graphd
+	install -m 755 $(BUILD)/graphctl $(DESTDIR)$(PREFIX)/bin/graphctl
+	install -m 644 $(SOCLI) $(DESTDIR)$(PREFIX)/lib/libgraphd.so.0
+	ln -sf libgraphd.so.0 $(DESTDIR)$(PREFIX)/lib/libgraphd.so
+	install -m 644 client/c/graphd.h proto/graphd_frame.h $(DESTDIR)$(PREFIX)/include/
+	install -d $(DESTDIR)/etc/graphd $(DESTDIR)/lib/systemd/system $(DESTDIR)/usr/lib/sysusers.d $(DESTDIR)/usr/lib/tmpfiles.d
+	install -m 644 deploy/systemd/graphd.conf $(DESTDIR)/etc/graphd/graphd.conf
+	sed 's|@SBINDIR@|$(PREFIX)/sbin|' deploy/systemd/graphd.service > $(DESTDIR)/lib/systemd/system/graphd.service
+	install -m 644 deploy/systemd/graphd.socket $(DESTDIR)/lib/systemd/system/graphd.socket
+	install -m 644 deploy/systemd/graphd-sysusers.conf $(DESTDIR)/usr/lib/sysusers.d/graphd.conf
+	install -m 644 deploy/systemd/graphd-tmpfiles.conf $(DESTDIR)/usr/lib/tmpfiles.d/graphd.conf
+
+C_FILES  = $(shell git ls-files '*.c' '*.h' '*.cpp' 2>/dev/null)
+format:
+	clang-format -i $(C_FILES)
+
+lint: $(GEN_H)
+	clang-format --dry-run --Werror $(C_FILES)
+	cppcheck --quiet --error-exitcode=1 --enable=warning,performance,portability --inline-suppr \
+	  --suppress=missingIncludeSystem -D__GNUC__ $(INCLUDES) -I$(BUILD)/gen \
+	  $(filter %.c,$(C_FILES))
+	$(if $(GR_CXXSRC),clang-tidy --quiet $(GR_CXXSRC) -- -std=c++17 $(INCLUDES) $(TORCH_CFLAGS))
+
+clean:
+	rm -rf build build-asan
+
+-include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)

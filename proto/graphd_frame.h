@@ -1,0 +1,73 @@
+/*
+ * graphd data plane: the fixed-size binary frames exchanged over the session
+ * socket (see docs/PROTOCOL.md). Shared by the daemon and libgraphd; header
+ * only, no dependencies beyond libc.
+ *
+ * Every frame is GRAPHD_FRAME_SIZE bytes, little-endian, and may be followed
+ * by msg_len bytes of UTF-8 text (error messages only). Requests come from
+ * the client; each is answered by one reply frame whose type is the request
+ * type with GRAPHD_FRAME_REPLY set and whose seq echoes the request's.
+ */
+#ifndef GRAPHD_FRAME_H
+#define GRAPHD_FRAME_H
+
+#include <endian.h>
+#include <stdint.h>
+#include <string.h>
+
+#define GRAPHD_FRAME_MAGIC 0x44505247u /* "GRPD" as little-endian bytes */
+#define GRAPHD_FRAME_VERSION 1
+#define GRAPHD_FRAME_SIZE 40
+#define GRAPHD_FRAME_MAX_MSG 1024
+
+enum graphd_frame_type {
+    GRAPHD_FRAME_ATTACH = 1, /* id = session id, arg = session token */
+    GRAPHD_FRAME_MAP = 2,    /* id = region id; reply carries the memfd (SCM_RIGHTS), arg = size */
+    GRAPHD_FRAME_REPLAY = 3, /* id = graph id, arg = phase; reply arg = device time in ns */
+    GRAPHD_FRAME_ERROR = 0x7fff, /* unsolicited: the daemon closes the session after it */
+    GRAPHD_FRAME_REPLY = 0x8000,
+};
+
+/* status in replies is a gRPC status code, so both planes report errors alike. */
+typedef struct graphd_frame {
+    uint32_t magic;
+    uint16_t version;
+    uint16_t type;
+    uint64_t seq;
+    uint64_t id;
+    uint64_t arg;
+    int32_t status;
+    uint32_t msg_len; /* bytes of message text after the frame */
+} graphd_frame_t;
+
+static inline void graphd_frame_encode(const graphd_frame_t *f, uint8_t out[GRAPHD_FRAME_SIZE])
+{
+    uint32_t u32;
+    uint16_t u16;
+    uint64_t u64;
+    u32 = htole32(f->magic), memcpy(out + 0, &u32, 4);
+    u16 = htole16(f->version), memcpy(out + 4, &u16, 2);
+    u16 = htole16(f->type), memcpy(out + 6, &u16, 2);
+    u64 = htole64(f->seq), memcpy(out + 8, &u64, 8);
+    u64 = htole64(f->id), memcpy(out + 16, &u64, 8);
+    u64 = htole64(f->arg), memcpy(out + 24, &u64, 8);
+    u32 = htole32((uint32_t)f->status), memcpy(out + 32, &u32, 4);
+    u32 = htole32(f->msg_len), memcpy(out + 36, &u32, 4);
+}
+
+static inline void graphd_frame_decode(const uint8_t in[GRAPHD_FRAME_SIZE], graphd_frame_t *f)
+{
+    uint32_t u32;
+    uint16_t u16;
+    uint64_t u64;
+    memcpy(&u32, in + 0, 4), f->magic = le32toh(u32);
+    memcpy(&u16, in + 4, 2), f->version = le16toh(u16);
+    memcpy(&u16, in + 6, 2), f->type = le16toh(u16);
+    memcpy(&u64, in + 8, 8), f->seq = le64toh(u64);
+    memcpy(&u64, in + 16, 8), f->id = le64toh(u64);
+    memcpy(&u64, in + 24, 8), f->arg = le64toh(u64);
+    memcpy(&u32, in + 32, 4), f->status = (int32_t)le32toh(u32);
+    memcpy(&u32, in + 36, 4), f->msg_len = le32toh(u32);
+}
+
+#endif
