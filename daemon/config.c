@@ -1,0 +1,312 @@
+/*
+ * The settings table and everything that reads it: defaults, the INI file,
+ * command-line overrides, formatting for status, and reload.
+ */
+#include "config.h"
+#include "log.h"
+
+#include <errno.h>
+#include <ini.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#define FIELD(f) offsetof(gd_config_t, f)
+#define KiB 1024ull
+#define MiB (1024ull * KiB)
+#define GiB (1024ull * MiB)
+#define TiB (1024ull * GiB)
+
+const gd_setting_t gd_settings[] = {
+    {"listen", GD_CFG_STRING, FIELD(listen), GD_DEFAULT_LISTEN, 0, 0, false,
+     "control-plane address: unix:PATH, or host:port (TCP needs tls_cert and tls_key)"},
+    {"session_socket", GD_CFG_STRING, FIELD(session_socket), "", 0, 0, false,
+     "data-plane socket path (default: the listen path with .session appended)"},
+    {"socket_group", GD_CFG_STRING, FIELD(socket_group), "graphd", 0, 0, false,
+     "group given access to the sockets, when it exists"},
+    {"socket_mode", GD_CFG_OCTAL, FIELD(socket_mode), "0660", 0, 0777, false,
+     "permission bits of the sockets"},
+    {"tls_cert", GD_CFG_STRING, FIELD(tls_cert), "", 0, 0, false,
+     "PEM certificate chain for a TCP listener"},
+    {"tls_key", GD_CFG_STRING, FIELD(tls_key), "", 0, 0, false, "PEM private key for a TCP listener"},
+    {"log_level", GD_CFG_LOG_LEVEL, FIELD(log_level), "info", 0, 3, true,
+     "error, warn, info or debug"},
+    {"max_message_bytes", GD_CFG_BYTES, FIELD(max_message_bytes), "64Mi", 1 * KiB, 2 * GiB - 1,
+     false, "largest gRPC message accepted"},
+    {"max_region_bytes", GD_CFG_BYTES, FIELD(max_region_bytes), "64Gi", 4 * KiB, 16 * TiB, true,
+     "largest single shared region"},
+    {"default_pool_limit", GD_CFG_BYTES, FIELD(default_pool_limit), "0", 0, 16 * TiB * 64, true,
+     "byte limit of pools created without one (0: none)"},
+    {"default_pool", GD_CFG_STRING, FIELD(default_pool), "default", 0, 0, false,
+     "pool created on cpu:0 at start and used when a request names none (empty: none)"},
+    {"max_sessions", GD_CFG_UINT, FIELD(max_sessions), "1024", 1, 1000000, true,
+     "most client sessions at once"},
+    {"attach_timeout_ms", GD_CFG_UINT, FIELD(attach_timeout_ms), "10000", 100, 3600000, true,
+     "how long a new session may take to attach its session socket"},
+    {"shutdown_grace_ms", GD_CFG_UINT, FIELD(shutdown_grace_ms), "5000", 0, 600000, true,
+     "how long SIGTERM waits for in-flight calls before cancelling them"},
+    {"inline_module_max_bytes", GD_CFG_BYTES, FIELD(inline_module_max_bytes), "4Mi", 0, 1 * GiB,
+     true, "largest module archive accepted inline in a RegisterModule request"},
+    {"intra_op_threads", GD_CFG_UINT, FIELD(intra_op_threads), "0", 0, 1024, false,
+     "libtorch intra-op threads per device worker (0: libtorch's default)"},
+};
+const size_t gd_settings_count = sizeof gd_settings / sizeof gd_settings[0];
+
+const gd_setting_t *gd_setting_find(const char *name)
+{
+    for (size_t i = 0; i < gd_settings_count; i++) {
+        const char *a = gd_settings[i].name, *b = name;
+        /* Flags spell underscores as dashes; accept both everywhere. */
+        while (*a && (*a == *b || (*a == '_' && *b == '-')))
+            a++, b++;
+        if (*a == 0 && *b == 0)
+            return &gd_settings[i];
+    }
+    return NULL;
+}
+
+int gd_parse_bytes(const char *s, uint64_t *out)
+{
+    static const struct {
+        const char *suffix;
+        uint64_t mult;
+    } units[] = {{"", 1},          {"k", 1000},       {"kb", 1000},    {"ki", KiB},
+                 {"kib", KiB},     {"m", 1000000},    {"mb", 1000000}, {"mi", MiB},
+                 {"mib", MiB},     {"g", 1000000000}, {"gb", 1000000000},
+                 {"gi", GiB},      {"gib", GiB},      {"t", 1000000000000ull},
+                 {"tb", 1000000000000ull}, {"ti", TiB}, {"tib", TiB}, {"b", 1}};
+    if (s == NULL || *s < '0' || *s > '9')
+        return -1;
+    errno = 0;
+    char *end;
+    uint64_t v = strtoull(s, &end, 10);
+    if (errno != 0)
+        return -1;
+    while (*end == ' ')
+        end++;
+    for (size_t i = 0; i < sizeof units / sizeof units[0]; i++) {
+        if (strcasecmp(end, units[i].suffix) == 0) {
+            if (v != 0 && units[i].mult > UINT64_MAX / v)
+                return -1;
+            *out = v * units[i].mult;
+            return 0;
+        }
+    }
+    return -1;
+}
+
+int gd_config_set(gd_config_t *cfg, const gd_setting_t *s, const char *value, char *err,
+                  size_t errlen)
+{
+    void *field = (char *)cfg + s->offset;
+    uint64_t v = 0;
+    char *end = NULL;
+    switch (s->type) {
+    case GD_CFG_STRING: {
+        char *copy = strdup(value);
+        if (copy == NULL) {
+            snprintf(err, errlen, "%s: out of memory", s->name);
+            return -1;
+        }
+        free(*(char **)field);
+        *(char **)field = copy;
+        return 0;
+    }
+    case GD_CFG_LOG_LEVEL: {
+        int level = gd_log_level_parse(value);
+        if (level < 0) {
+            snprintf(err, errlen, "%s: '%s' is not one of error, warn, info, debug", s->name,
+                     value);
+            return -1;
+        }
+        *(uint64_t *)field = (uint64_t)level;
+        return 0;
+    }
+    case GD_CFG_UINT:
+    case GD_CFG_OCTAL:
+        errno = 0;
+        v = strtoull(value, &end, s->type == GD_CFG_OCTAL ? 8 : 10);
+        if (errno != 0 || end == value || *end != 0 || value[0] == '-') {
+            snprintf(err, errlen, "%s: '%s' is not a%s number", s->name, value,
+                     s->type == GD_CFG_OCTAL ? "n octal" : "");
+            return -1;
+        }
+        break;
+    case GD_CFG_BYTES:
+        if (gd_parse_bytes(value, &v) != 0) {
+            snprintf(err, errlen, "%s: '%s' is not a byte count (e.g. 4096, 64Mi, 2G)", s->name,
+                     value);
+            return -1;
+        }
+        break;
+    }
+    if (v < s->min || v > s->max) {
+        snprintf(err, errlen, "%s: %" PRIu64 " is outside [%" PRIu64 ", %" PRIu64 "]", s->name, v,
+                 s->min, s->max);
+        return -1;
+    }
+    *(uint64_t *)field = v;
+    return 0;
+}
+
+void gd_config_format(const gd_config_t *cfg, const gd_setting_t *s, char *buf, size_t len)
+{
+    const void *field = (const char *)cfg + s->offset;
+    switch (s->type) {
+    case GD_CFG_STRING:
+        snprintf(buf, len, "%s", *(char *const *)field ? *(char *const *)field : "");
+        break;
+    case GD_CFG_LOG_LEVEL:
+        snprintf(buf, len, "%s", gd_log_level_name((int)*(const uint64_t *)field));
+        break;
+    case GD_CFG_OCTAL:
+        snprintf(buf, len, "0%03" PRIo64, *(const uint64_t *)field);
+        break;
+    default:
+        snprintf(buf, len, "%" PRIu64, *(const uint64_t *)field);
+    }
+}
+
+struct ini_ctx {
+    gd_config_t *cfg;
+    char *err;
+    size_t errlen;
+    int failed;
+};
+
+static int on_ini_entry(void *user, const char *section, const char *name, const char *value)
+{
+    struct ini_ctx *ctx = user;
+    if (ctx->failed)
+        return 0;
+    if (section[0] != 0 && strcmp(section, "graphd") != 0) {
+        snprintf(ctx->err, ctx->errlen, "unknown section [%s] (settings go in [graphd])", section);
+        ctx->failed = 1;
+        return 0;
+    }
+    const gd_setting_t *s = gd_setting_find(name);
+    if (s == NULL) {
+        snprintf(ctx->err, ctx->errlen, "unknown setting '%s'", name);
+        ctx->failed = 1;
+        return 0;
+    }
+    if (gd_config_set(ctx->cfg, s, value, ctx->err, ctx->errlen) != 0) {
+        ctx->failed = 1;
+        return 0;
+    }
+    return 1;
+}
+
+static int derive(gd_config_t *cfg, char *err, size_t errlen)
+{
+    bool is_unix = strncmp(cfg->listen, "unix:", 5) == 0;
+    if (!is_unix && (cfg->tls_cert[0] == 0 || cfg->tls_key[0] == 0)) {
+        snprintf(err, errlen,
+                 "listen: '%s' is TCP; a TCP listener needs tls_cert and tls_key (or use unix:PATH)",
+                 cfg->listen);
+        return -1;
+    }
+    if (is_unix && cfg->listen[5] == 0) {
+        snprintf(err, errlen, "listen: empty unix socket path");
+        return -1;
+    }
+    if (cfg->session_socket[0] == 0) {
+        char path[4096];
+        if (is_unix)
+            snprintf(path, sizeof path, "%s.session", cfg->listen + 5);
+        else
+            snprintf(path, sizeof path, "/run/graphd/graphd.sock.session");
+        free(cfg->session_socket);
+        cfg->session_socket = strdup(path);
+        if (cfg->session_socket == NULL) {
+            snprintf(err, errlen, "out of memory");
+            return -1;
+        }
+    }
+    if (strlen(cfg->session_socket) >= 108) {
+        snprintf(err, errlen, "session_socket: path longer than 107 bytes: %s",
+                 cfg->session_socket);
+        return -1;
+    }
+    return 0;
+}
+
+int gd_config_load(gd_config_t *cfg, const char *path, bool required, const gd_overrides_t *ov,
+                   char *err, size_t errlen)
+{
+    memset(cfg, 0, sizeof *cfg);
+    for (size_t i = 0; i < gd_settings_count; i++)
+        if (gd_config_set(cfg, &gd_settings[i], gd_settings[i].def, err, errlen) != 0)
+            goto fail;
+    if (path != NULL) {
+        FILE *f = fopen(path, "r");
+        if (f == NULL) {
+            if (required || errno != ENOENT) {
+                snprintf(err, errlen, "cannot read config file %s: %s", path, strerror(errno));
+                goto fail;
+            }
+        } else {
+            struct ini_ctx ctx = {cfg, err, errlen, 0};
+            int rc = ini_parse_file(f, on_ini_entry, &ctx);
+            fclose(f);
+            if (ctx.failed || rc != 0) {
+                char inner[512];
+                snprintf(inner, sizeof inner, "%s", ctx.failed ? err : "syntax error");
+                snprintf(err, errlen, "%s:%d: %s", path, rc, inner);
+                goto fail;
+            }
+        }
+    }
+    for (size_t i = 0; ov != NULL && i < ov->count; i++)
+        if (gd_config_set(cfg, ov->setting[i], ov->value[i], err, errlen) != 0)
+            goto fail;
+    if (derive(cfg, err, errlen) != 0)
+        goto fail;
+    return 0;
+fail:
+    gd_config_free(cfg);
+    return -1;
+}
+
+int gd_config_apply_reload(gd_config_t *cur, const gd_config_t *next,
+                           void (*warn)(const char *name))
+{
+    int changed = 0;
+    for (size_t i = 0; i < gd_settings_count; i++) {
+        const gd_setting_t *s = &gd_settings[i];
+        char a[4096], b[4096];
+        gd_config_format(cur, s, a, sizeof a);
+        gd_config_format(next, s, b, sizeof b);
+        if (strcmp(a, b) == 0)
+            continue;
+        if (!s->reloadable) {
+            if (warn)
+                warn(s->name);
+            continue;
+        }
+        char err[256];
+        if (gd_config_set(cur, s, b, err, sizeof err) == 0)
+            changed++;
+    }
+    return changed;
+}
+
+void gd_config_free(gd_config_t *cfg)
+{
+    for (size_t i = 0; i < gd_settings_count; i++) {
+        if (gd_settings[i].type == GD_CFG_STRING) {
+            char **p = (char **)((char *)cfg + gd_settings[i].offset);
+            free(*p);
+            *p = NULL;
+        }
+    }
+}
+
+void gd_overrides_free(gd_overrides_t *ov)
+{
+    for (size_t i = 0; i < ov->count; i++)
+        free(ov->value[i]);
+    ov->count = 0;
+}

@@ -1,0 +1,110 @@
+/*
+ * The daemon's one context. gd_daemon_t holds the loop, the live config, the
+ * pools, the sessions and the devices; the loop thread owns all of it (no
+ * locks), and every function here is called on the loop thread.
+ */
+#ifndef GD_DAEMON_H
+#define GD_DAEMON_H
+
+#include "config.h"
+#include "pool.h"
+#include "rpc.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+#include <uv.h>
+
+#define GD_PROTOCOL_VERSION 1
+#define GD_MAX_DEVICES 16
+#define GD_NAME_MAX 63
+
+typedef struct gd_device {
+    char id[32];   /* "cpu:0" */
+    char kind[16]; /* "cpu" */
+    uint32_t ordinal;
+    char name[128];
+    uint64_t memory_total, memory_free;
+    char compute_capability[16];
+} gd_device_t;
+
+typedef struct gd_conn gd_conn_t;
+
+typedef struct gd_session {
+    uint64_t id;
+    uint64_t token;
+    char name[GD_NAME_MAX + 1];
+    pid_t hello_pid;   /* what Hello claimed */
+    uid_t uid;         /* from SO_PEERCRED once attached */
+    pid_t pid;         /* from SO_PEERCRED once attached */
+    gid_t gid;
+    bool attached;
+    uint64_t created_unix_ms;
+    uint64_t created_mono_ms;
+    gd_conn_t *conn; /* the attached session-socket connection, or NULL */
+    struct gd_session *next;
+} gd_session_t;
+
+typedef struct gd_daemon {
+    uv_loop_t *loop;
+    gd_config_t cfg;
+    const char *config_path;
+    bool config_required;
+    gd_overrides_t overrides;
+
+    pm_manager_t *pools;
+    gd_rpc_t *rpc;
+
+    gd_device_t devices[GD_MAX_DEVICES];
+    size_t ndevices;
+
+    gd_session_t *sessions;
+    uint32_t nsessions;
+    uint64_t next_session_id;
+
+    uv_pipe_t session_listener;
+    bool session_listener_open;
+    gd_conn_t *conns; /* every open session-socket connection, attached or not */
+
+    uv_signal_t sig_term, sig_int, sig_hup;
+    uv_timer_t tick;
+    uv_timer_t grace;
+
+    uint64_t started_unix_ms;
+    uint64_t started_mono_ms;
+    uint64_t reloads;
+    bool stopping;
+    int exit_code;
+} gd_daemon_t;
+
+uint64_t gd_now_unix_ms(void);
+uint64_t gd_now_mono_ms(void);
+
+/* devices.c */
+void gd_devices_discover(gd_daemon_t *d);
+void gd_devices_refresh(gd_daemon_t *d);
+const gd_device_t *gd_device_find(const gd_daemon_t *d, const char *id);
+
+/* session.c: bookkeeping and the data-plane socket. */
+int gd_sessions_listen(gd_daemon_t *d);
+void gd_sessions_close_listener(gd_daemon_t *d);
+gd_session_t *gd_session_create(gd_daemon_t *d, const char *name, pid_t pid);
+gd_session_t *gd_session_find(gd_daemon_t *d, uint64_t id);
+/* Ends a session: closes its connection and frees everything it owns. */
+void gd_session_end(gd_daemon_t *d, gd_session_t *s, const char *why);
+void gd_sessions_end_all(gd_daemon_t *d);
+/* Ends sessions that did not attach within attach_timeout_ms. */
+void gd_sessions_expire(gd_daemon_t *d);
+
+/* Creates the socket's directory and removes a stale socket file; -1 (logged) if in use. */
+int gd_socket_prepare(const char *path);
+/* Applies socket_mode and socket_group to a socket file. */
+void gd_socket_permissions(const gd_daemon_t *d, const char *path);
+
+/* handlers.c */
+extern const gd_method_t gd_methods[];
+extern const size_t gd_methods_count;
+/* Maps a pool_manager error to a gRPC status. */
+int gd_status_from_pm(int pm_err);
+
+#endif

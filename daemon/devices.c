@@ -1,0 +1,78 @@
+/*
+ * Device discovery. The CPU (libtorch's CPU backend) is always device cpu:0;
+ * accelerator families add theirs here when they are built in.
+ */
+#include "daemon.h"
+
+#include <stdio.h>
+#include <string.h>
+#include <sys/sysinfo.h>
+#include <unistd.h>
+
+static void cpu_model(char *out, size_t len)
+{
+    snprintf(out, len, "CPU");
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    if (f == NULL)
+        return;
+    char line[512];
+    while (fgets(line, sizeof line, f)) {
+        if (strncmp(line, "model name", 10) == 0) {
+            char *colon = strchr(line, ':');
+            if (colon) {
+                colon++;
+                while (*colon == ' ' || *colon == '\t')
+                    colon++;
+                colon[strcspn(colon, "\n")] = 0;
+                snprintf(out, len, "%s", colon);
+            }
+            break;
+        }
+    }
+    fclose(f);
+}
+
+static void cpu_memory(gd_device_t *dev)
+{
+    FILE *f = fopen("/proc/meminfo", "r");
+    unsigned long long kb;
+    char line[256];
+    if (f == NULL)
+        return;
+    while (fgets(line, sizeof line, f)) {
+        if (sscanf(line, "MemTotal: %llu kB", &kb) == 1)
+            dev->memory_total = kb * 1024;
+        else if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1)
+            dev->memory_free = kb * 1024;
+    }
+    fclose(f);
+}
+
+void gd_devices_discover(gd_daemon_t *d)
+{
+    gd_device_t *cpu = &d->devices[0];
+    memset(cpu, 0, sizeof *cpu);
+    snprintf(cpu->id, sizeof cpu->id, "cpu:0");
+    snprintf(cpu->kind, sizeof cpu->kind, "cpu");
+    char model[96];
+    cpu_model(model, sizeof model);
+    snprintf(cpu->name, sizeof cpu->name, "%s (%ld cores)", model, sysconf(_SC_NPROCESSORS_ONLN));
+    cpu_memory(cpu);
+    d->ndevices = 1;
+}
+
+void gd_devices_refresh(gd_daemon_t *d)
+{
+    cpu_memory(&d->devices[0]);
+}
+
+const gd_device_t *gd_device_find(const gd_daemon_t *d, const char *id)
+{
+    for (size_t i = 0; i < d->ndevices; i++)
+        if (strcmp(d->devices[i].id, id) == 0)
+            return &d->devices[i];
+    /* "cpu" alone names cpu:0, as torch.device("cpu") does. */
+    if (strcmp(id, "cpu") == 0)
+        return &d->devices[0];
+    return NULL;
+}

@@ -1,0 +1,413 @@
+/*
+ * The control-plane handlers: one plain function per RPC, run on the loop
+ * thread. Each validates its request, acts on the daemon's state and finishes
+ * the call with a reply or a precise status. gRPC statuses are chosen here,
+ * at the daemon's edge, from the modules' own error codes.
+ */
+#include "daemon.h"
+#include "graphd.pb-c.h"
+#include "log.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+int gd_status_from_pm(int err)
+{
+    switch (err) {
+    case PM_OK:
+        return GD_OK;
+    case PM_EINVAL:
+        return GD_INVALID_ARGUMENT;
+    case PM_ENOENT:
+        return GD_NOT_FOUND;
+    case PM_EEXIST:
+        return GD_ALREADY_EXISTS;
+    case PM_ELIMIT:
+    case PM_ENOMEM:
+        return GD_RESOURCE_EXHAUSTED;
+    case PM_EBUSY:
+        return GD_FAILED_PRECONDITION;
+    case PM_EPERM:
+        return GD_PERMISSION_DENIED;
+    default:
+        return GD_INTERNAL;
+    }
+}
+
+/* Finds the caller's session; on failure finishes the call and returns NULL. */
+static gd_session_t *session_of(gd_daemon_t *d, gd_call_t *call, const Graphd__V1__SessionRef *ref)
+{
+    if (ref == NULL || ref->id == 0) {
+        gd_call_fail(call, GD_INVALID_ARGUMENT, "session is required (call Hello first)");
+        return NULL;
+    }
+    gd_session_t *s = gd_session_find(d, ref->id);
+    if (s == NULL || s->token != ref->token) {
+        gd_call_fail(call, GD_NOT_FOUND, "no such session: %llu", (unsigned long long)ref->id);
+        return NULL;
+    }
+    return s;
+}
+
+static void fill_device(Graphd__V1__Device *m, const gd_device_t *dev)
+{
+    graphd__v1__device__init(m);
+    m->id = (char *)dev->id;
+    m->kind = (char *)dev->kind;
+    m->ordinal = dev->ordinal;
+    m->name = (char *)dev->name;
+    m->memory_total = dev->memory_total;
+    m->memory_free = dev->memory_free;
+    m->compute_capability = (char *)dev->compute_capability;
+}
+
+/* Device list for a reply; the arrays point into d and are freed with free_devices. */
+static Graphd__V1__Device **make_devices(gd_daemon_t *d, Graphd__V1__Device *storage)
+{
+    Graphd__V1__Device **list = calloc(d->ndevices ? d->ndevices : 1, sizeof *list);
+    if (list == NULL)
+        return NULL;
+    gd_devices_refresh(d);
+    for (size_t i = 0; i < d->ndevices; i++) {
+        fill_device(&storage[i], &d->devices[i]);
+        list[i] = &storage[i];
+    }
+    return list;
+}
+
+static void fill_pool(Graphd__V1__Pool *m, const pm_pool_t *p)
+{
+    pm_pool_info_t info;
+    pm_pool_info(p, &info);
+    graphd__v1__pool__init(m);
+    m->name = (char *)info.name;
+    m->device = (char *)info.device;
+    m->limit_bytes = info.limit_bytes;
+    m->reserved_bytes = info.reserved_bytes;
+    m->used_bytes = info.used_bytes;
+    m->regions = info.regions;
+    m->sessions = info.sessions;
+    m->created_unix_ms = info.created_unix_ms;
+}
+
+/* Pool list for a reply; *n gets the count. Free the result with free_pools. */
+static Graphd__V1__Pool **make_pools(gd_daemon_t *d, size_t *n)
+{
+    size_t count = 0;
+    pm_pool_list(d->pools, &count, NULL);
+    pm_pool_t **pools = calloc(count + 1, sizeof *pools);
+    Graphd__V1__Pool **list = calloc(count + 1, sizeof *list);
+    Graphd__V1__Pool *storage = calloc(count + 1, sizeof *storage);
+    if (pools == NULL || list == NULL || storage == NULL) {
+        free(pools);
+        free(list);
+        free(storage);
+        *n = 0;
+        return NULL;
+    }
+    pm_pool_list(d->pools, &count, pools);
+    for (size_t i = 0; i < count; i++) {
+        fill_pool(&storage[i], pools[i]);
+        list[i] = &storage[i];
+    }
+    list[count] = storage; /* past the end: only free_pools looks there */
+    free(pools);
+    *n = count;
+    return list;
+}
+
+static void free_pools(Graphd__V1__Pool **list, size_t n)
+{
+    if (list) {
+        free(list[n]);
+        free(list);
+    }
+}
+
+static void hello(void *ctx, gd_call_t *call, const ProtobufCMessage *msg)
+{
+    gd_daemon_t *d = ctx;
+    const Graphd__V1__HelloRequest *req = (const void *)msg;
+    if (req->protocol_version != GD_PROTOCOL_VERSION) {
+        gd_call_fail(call, GD_FAILED_PRECONDITION,
+                     "protocol version %u is not supported (this daemon speaks %u)",
+                     req->protocol_version, GD_PROTOCOL_VERSION);
+        return;
+    }
+    if (strlen(req->client_name) > GD_NAME_MAX) {
+        gd_call_fail(call, GD_INVALID_ARGUMENT, "client_name is longer than %d bytes",
+                     GD_NAME_MAX);
+        return;
+    }
+    if (d->nsessions >= d->cfg.max_sessions) {
+        gd_call_fail(call, GD_RESOURCE_EXHAUSTED, "too many sessions (max_sessions = %llu)",
+                     (unsigned long long)d->cfg.max_sessions);
+        return;
+    }
+    gd_session_t *s = gd_session_create(d, req->client_name, req->pid);
+    if (s == NULL) {
+        gd_call_fail(call, GD_INTERNAL, "cannot create a session");
+        return;
+    }
+    Graphd__V1__Device storage[GD_MAX_DEVICES];
+    Graphd__V1__SessionRef ref = GRAPHD__V1__SESSION_REF__INIT;
+    Graphd__V1__HelloReply rep = GRAPHD__V1__HELLO_REPLY__INIT;
+    ref.id = s->id;
+    ref.token = s->token;
+    rep.session = &ref;
+    rep.daemon_version = GRAPHD_VERSION;
+    rep.session_socket = d->cfg.session_socket;
+    rep.protocol_version = GD_PROTOCOL_VERSION;
+    rep.devices = make_devices(d, storage);
+    rep.n_devices = rep.devices ? d->ndevices : 0;
+    gd_call_reply(call, &rep.base);
+    free(rep.devices);
+}
+
+static void goodbye(void *ctx, gd_call_t *call, const ProtobufCMessage *msg)
+{
+    gd_daemon_t *d = ctx;
+    const Graphd__V1__GoodbyeRequest *req = (const void *)msg;
+    gd_session_t *s = session_of(d, call, req->session);
+    if (s == NULL)
+        return;
+    gd_session_end(d, s, "goodbye");
+    Graphd__V1__GoodbyeReply rep = GRAPHD__V1__GOODBYE_REPLY__INIT;
+    gd_call_reply(call, &rep.base);
+}
+
+static void list_devices(void *ctx, gd_call_t *call, const ProtobufCMessage *msg)
+{
+    gd_daemon_t *d = ctx;
+    (void)msg;
+    Graphd__V1__Device storage[GD_MAX_DEVICES];
+    Graphd__V1__ListDevicesReply rep = GRAPHD__V1__LIST_DEVICES_REPLY__INIT;
+    rep.devices = make_devices(d, storage);
+    rep.n_devices = rep.devices ? d->ndevices : 0;
+    gd_call_reply(call, &rep.base);
+    free(rep.devices);
+}
+
+static void create_pool(void *ctx, gd_call_t *call, const ProtobufCMessage *msg)
+{
+    gd_daemon_t *d = ctx;
+    const Graphd__V1__CreatePoolRequest *req = (const void *)msg;
+    const char *devname = req->device[0] ? req->device : "cpu:0";
+    const gd_device_t *dev = gd_device_find(d, devname);
+    if (dev == NULL) {
+        gd_call_fail(call, GD_NOT_FOUND, "no device '%.64s' (see ListDevices)", devname);
+        return;
+    }
+    uint64_t limit = req->limit_bytes ? req->limit_bytes : d->cfg.default_pool_limit;
+    pm_pool_t *p = NULL;
+    int rc = pm_pool_create(d->pools, req->name, dev->id, limit, &p);
+    if (rc != PM_OK) {
+        if (rc == PM_EINVAL)
+            gd_call_fail(call, GD_INVALID_ARGUMENT,
+                         "pool name must be 1 to %d characters of A-Z a-z 0-9 . _ -", PM_NAME_MAX);
+        else if (rc == PM_EEXIST)
+            gd_call_fail(call, GD_ALREADY_EXISTS, "pool '%s' already exists", req->name);
+        else
+            gd_call_fail(call, gd_status_from_pm(rc), "cannot create pool: %s", pm_strerror(rc));
+        return;
+    }
+    gd_info("pool %s created on %s (limit %llu bytes)", req->name, dev->id,
+            (unsigned long long)limit);
+    Graphd__V1__Pool pool;
+    fill_pool(&pool, p);
+    Graphd__V1__CreatePoolReply rep = GRAPHD__V1__CREATE_POOL_REPLY__INIT;
+    rep.pool = &pool;
+    gd_call_reply(call, &rep.base);
+}
+
+static void delete_pool(void *ctx, gd_call_t *call, const ProtobufCMessage *msg)
+{
+    gd_daemon_t *d = ctx;
+    const Graphd__V1__DeletePoolRequest *req = (const void *)msg;
+    int rc = pm_pool_delete(d->pools, req->name);
+    if (rc == PM_ENOENT) {
+        gd_call_fail(call, GD_NOT_FOUND, "no pool named '%.64s'", req->name);
+        return;
+    }
+    if (rc == PM_EBUSY) {
+        gd_call_fail(call, GD_FAILED_PRECONDITION, "pool '%s' still holds regions", req->name);
+        return;
+    }
+    if (rc != PM_OK) {
+        gd_call_fail(call, gd_status_from_pm(rc), "cannot delete pool: %s", pm_strerror(rc));
+        return;
+    }
+    gd_info("pool %s deleted", req->name);
+    Graphd__V1__DeletePoolReply rep = GRAPHD__V1__DELETE_POOL_REPLY__INIT;
+    gd_call_reply(call, &rep.base);
+}
+
+static void list_pools(void *ctx, gd_call_t *call, const ProtobufCMessage *msg)
+{
+    gd_daemon_t *d = ctx;
+    (void)msg;
+    Graphd__V1__ListPoolsReply rep = GRAPHD__V1__LIST_POOLS_REPLY__INIT;
+    rep.pools = make_pools(d, &rep.n_pools);
+    gd_call_reply(call, &rep.base);
+    free_pools(rep.pools, rep.n_pools);
+}
+
+static void alloc_region(void *ctx, gd_call_t *call, const ProtobufCMessage *msg)
+{
+    gd_daemon_t *d = ctx;
+    const Graphd__V1__AllocRegionRequest *req = (const void *)msg;
+    gd_session_t *s = session_of(d, call, req->session);
+    if (s == NULL)
+        return;
+    if (!s->attached) {
+        gd_call_fail(call, GD_FAILED_PRECONDITION,
+                     "attach the session socket before allocating regions");
+        return;
+    }
+    const char *name = req->pool[0] ? req->pool : d->cfg.default_pool;
+    pm_pool_t *p = pm_pool_find(d->pools, name);
+    if (p == NULL) {
+        gd_call_fail(call, GD_NOT_FOUND, "no pool named '%.64s'", name);
+        return;
+    }
+    if (req->size == 0) {
+        gd_call_fail(call, GD_INVALID_ARGUMENT, "region size must be greater than 0");
+        return;
+    }
+    if (req->size > d->cfg.max_region_bytes) {
+        gd_call_fail(call, GD_INVALID_ARGUMENT,
+                     "region size %llu is larger than max_region_bytes (%llu)",
+                     (unsigned long long)req->size, (unsigned long long)d->cfg.max_region_bytes);
+        return;
+    }
+    pm_region_t *r = NULL;
+    int rc = pm_region_alloc(p, s->id, req->size, &r);
+    if (rc != PM_OK) {
+        pm_pool_info_t info;
+        pm_pool_info(p, &info);
+        if (rc == PM_ELIMIT)
+            gd_call_fail(call, GD_RESOURCE_EXHAUSTED,
+                         "pool '%s' limit %llu bytes: %llu reserved, %llu more asked for", name,
+                         (unsigned long long)info.limit_bytes,
+                         (unsigned long long)info.reserved_bytes, (unsigned long long)req->size);
+        else if (rc == PM_ESYS)
+            gd_call_fail(call, GD_RESOURCE_EXHAUSTED, "cannot allocate %llu bytes of shared memory",
+                         (unsigned long long)req->size);
+        else
+            gd_call_fail(call, gd_status_from_pm(rc), "cannot allocate region: %s",
+                         pm_strerror(rc));
+        return;
+    }
+    gd_debug("session %llu: region %llu (%llu bytes) in pool %s", (unsigned long long)s->id,
+             (unsigned long long)pm_region_id(r), (unsigned long long)req->size, name);
+    Graphd__V1__AllocRegionReply rep = GRAPHD__V1__ALLOC_REGION_REPLY__INIT;
+    rep.region_id = pm_region_id(r);
+    rep.size = pm_region_size(r);
+    rep.mapped_size = pm_region_mapped_size(r);
+    rep.pool = (char *)name;
+    gd_call_reply(call, &rep.base);
+}
+
+static void free_region(void *ctx, gd_call_t *call, const ProtobufCMessage *msg)
+{
+    gd_daemon_t *d = ctx;
+    const Graphd__V1__FreeRegionRequest *req = (const void *)msg;
+    gd_session_t *s = session_of(d, call, req->session);
+    if (s == NULL)
+        return;
+    int rc = pm_region_free(d->pools, req->region_id, s->id);
+    if (rc == PM_ENOENT) {
+        gd_call_fail(call, GD_NOT_FOUND, "no region %llu", (unsigned long long)req->region_id);
+        return;
+    }
+    if (rc == PM_EPERM) {
+        gd_call_fail(call, GD_PERMISSION_DENIED, "region %llu belongs to another session",
+                     (unsigned long long)req->region_id);
+        return;
+    }
+    if (rc != PM_OK) {
+        gd_call_fail(call, gd_status_from_pm(rc), "cannot free region: %s", pm_strerror(rc));
+        return;
+    }
+    Graphd__V1__FreeRegionReply rep = GRAPHD__V1__FREE_REGION_REPLY__INIT;
+    gd_call_reply(call, &rep.base);
+}
+
+static void status(void *ctx, gd_call_t *call, const ProtobufCMessage *msg)
+{
+    gd_daemon_t *d = ctx;
+    (void)msg;
+    Graphd__V1__StatusReply rep = GRAPHD__V1__STATUS_REPLY__INIT;
+    Graphd__V1__DaemonStatus ds = GRAPHD__V1__DAEMON_STATUS__INIT;
+    ds.version = GRAPHD_VERSION;
+    ds.pid = (int32_t)getpid();
+    ds.uptime_ms = gd_now_mono_ms() - d->started_mono_ms;
+    ds.started_unix_ms = d->started_unix_ms;
+    ds.sessions = d->nsessions;
+    ds.calls_total = gd_rpc_calls_total(d->rpc);
+    ds.calls_failed = gd_rpc_calls_failed(d->rpc);
+    ds.config_reloads = d->reloads;
+
+    Graphd__V1__ConfigEntry cfg_storage[64];
+    Graphd__V1__ConfigEntry *cfg_list[64];
+    char values[64][256];
+    for (size_t i = 0; i < gd_settings_count && i < 64; i++) {
+        graphd__v1__config_entry__init(&cfg_storage[i]);
+        cfg_storage[i].name = (char *)gd_settings[i].name;
+        gd_config_format(&d->cfg, &gd_settings[i], values[i], sizeof values[i]);
+        cfg_storage[i].value = values[i];
+        cfg_storage[i].reloadable = gd_settings[i].reloadable;
+        cfg_list[i] = &cfg_storage[i];
+    }
+    ds.config = cfg_list;
+    ds.n_config = gd_settings_count < 64 ? gd_settings_count : 64;
+    rep.daemon = &ds;
+
+    Graphd__V1__Device dev_storage[GD_MAX_DEVICES];
+    rep.devices = make_devices(d, dev_storage);
+    rep.n_devices = rep.devices ? d->ndevices : 0;
+    rep.pools = make_pools(d, &rep.n_pools);
+
+    size_t ns = d->nsessions, i = 0;
+    Graphd__V1__SessionStatus *ss = calloc(ns + 1, sizeof *ss);
+    Graphd__V1__SessionStatus **sl = calloc(ns + 1, sizeof *sl);
+    if (ss && sl) {
+        for (gd_session_t *s = d->sessions; s && i < ns; s = s->next, i++) {
+            pm_usage_t u;
+            pm_owner_usage(d->pools, s->id, &u);
+            graphd__v1__session_status__init(&ss[i]);
+            ss[i].id = s->id;
+            ss[i].uid = s->attached ? (uint32_t)s->uid : 0;
+            ss[i].pid = (int32_t)s->pid;
+            ss[i].name = s->name;
+            ss[i].regions = u.regions;
+            ss[i].bytes = u.bytes;
+            ss[i].connected_since_unix_ms = s->created_unix_ms;
+            ss[i].attached = s->attached;
+            sl[i] = &ss[i];
+        }
+        rep.sessions = sl;
+        rep.n_sessions = i;
+    }
+    gd_call_reply(call, &rep.base);
+    free(ss);
+    free(sl);
+    free_pools(rep.pools, rep.n_pools);
+    free(rep.devices);
+}
+
+#define METHOD(name, req, fn) {"/graphd.v1.Graphd/" name, &graphd__v1__##req##__descriptor, fn}
+const gd_method_t gd_methods[] = {
+    METHOD("Hello", hello_request, hello),
+    METHOD("Goodbye", goodbye_request, goodbye),
+    METHOD("ListDevices", list_devices_request, list_devices),
+    METHOD("CreatePool", create_pool_request, create_pool),
+    METHOD("DeletePool", delete_pool_request, delete_pool),
+    METHOD("ListPools", list_pools_request, list_pools),
+    METHOD("AllocRegion", alloc_region_request, alloc_region),
+    METHOD("FreeRegion", free_region_request, free_region),
+    METHOD("Status", status_request, status),
+};
+const size_t gd_methods_count = sizeof gd_methods / sizeof gd_methods[0];

@@ -1,0 +1,264 @@
+/*
+ * graphd: start-up, signals and shutdown. Builds the daemon context from the
+ * config, starts the gRPC server and the session socket, and runs the libuv
+ * loop until SIGTERM/SIGINT have drained the in-flight calls.
+ */
+#include "daemon.h"
+#include "log.h"
+
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <systemd/sd-daemon.h>
+#include <time.h>
+#include <unistd.h>
+
+uint64_t gd_now_unix_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+uint64_t gd_now_mono_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+static void usage(FILE *out)
+{
+    fprintf(out, "usage: graphd [--config FILE] [--SETTING VALUE ...]\n\n"
+                 "  --config FILE   settings file (default " GD_DEFAULT_CONFIG ")\n"
+                 "  --version       print the version and exit\n"
+                 "  --help          print this help and exit\n\nsettings (also valid as "
+                 "'name = value' under [graphd] in the file):\n");
+    for (size_t i = 0; i < gd_settings_count; i++) {
+        char flag[64];
+        snprintf(flag, sizeof flag, "%s", gd_settings[i].name);
+        for (char *p = flag; *p; p++)
+            if (*p == '_')
+                *p = '-';
+        fprintf(out, "  --%-26s %s (default: %s%s)%s\n", flag, gd_settings[i].help,
+                gd_settings[i].def[0] ? "" : "\"", gd_settings[i].def[0] ? gd_settings[i].def : "\"",
+                gd_settings[i].reloadable ? " [reloadable]" : "");
+    }
+}
+
+/* Parses argv into d->config_path and d->overrides. Returns -1 to exit 0, 0 to go on, 2 on a
+ * usage error. */
+static int parse_args(gd_daemon_t *d, int argc, char **argv)
+{
+    struct option opts[64 + 4];
+    size_t n = 0;
+    for (size_t i = 0; i < gd_settings_count && n < 64; i++) {
+        static char names[64][64];
+        snprintf(names[n], sizeof names[n], "%s", gd_settings[i].name);
+        for (char *p = names[n]; *p; p++)
+            if (*p == '_')
+                *p = '-';
+        opts[n] = (struct option){names[n], required_argument, NULL, 1000 + (int)i};
+        n++;
+    }
+    opts[n++] = (struct option){"config", required_argument, NULL, 'c'};
+    opts[n++] = (struct option){"help", no_argument, NULL, 'h'};
+    opts[n++] = (struct option){"version", no_argument, NULL, 'V'};
+    opts[n] = (struct option){NULL, 0, NULL, 0};
+    d->config_path = GD_DEFAULT_CONFIG;
+    int c;
+    while ((c = getopt_long(argc, argv, "c:hV", opts, NULL)) != -1) {
+        if (c == 'h') {
+            usage(stdout);
+            return -1;
+        }
+        if (c == 'V') {
+            printf("graphd %s\n", GRAPHD_VERSION);
+            return -1;
+        }
+        if (c == 'c') {
+            d->config_path = optarg;
+            d->config_required = true;
+            continue;
+        }
+        if (c >= 1000 && d->overrides.count < 64) {
+            d->overrides.setting[d->overrides.count] = &gd_settings[c - 1000];
+            d->overrides.value[d->overrides.count] = strdup(optarg);
+            d->overrides.count++;
+            continue;
+        }
+        usage(stderr);
+        return 2;
+    }
+    if (optind < argc) {
+        fprintf(stderr, "graphd: unexpected argument '%s'\n", argv[optind]);
+        return 2;
+    }
+    return 0;
+}
+
+static void warn_not_reloadable(const char *name)
+{
+    gd_warn("reload: %s cannot change while running; restart graphd to apply it", name);
+}
+
+static void reload(gd_daemon_t *d)
+{
+    sd_notify(0, "RELOADING=1");
+    gd_config_t next;
+    char err[512];
+    if (gd_config_load(&next, d->config_path, d->config_required, &d->overrides, err,
+                       sizeof err) != 0) {
+        gd_error("reload: %s; keeping the running config", err);
+    } else {
+        int changed = gd_config_apply_reload(&d->cfg, &next, warn_not_reloadable);
+        gd_config_free(&next);
+        gd_log_set_level((int)d->cfg.log_level);
+        pm_manager_set_max_region(d->pools, d->cfg.max_region_bytes);
+        d->reloads++;
+        gd_info("reload: %d setting%s changed", changed, changed == 1 ? "" : "s");
+    }
+    sd_notify(0, "READY=1");
+}
+
+static void on_close_walk(uv_handle_t *h, void *arg)
+{
+    (void)arg;
+    if (!uv_is_closing(h))
+        uv_close(h, NULL);
+}
+
+/* Everything drained: tear the rest down so that uv_run returns. */
+static void on_rpc_idle(void *ctx)
+{
+    gd_daemon_t *d = ctx;
+    gd_info("all calls finished; stopping");
+    uv_timer_stop(&d->grace);
+    gd_sessions_end_all(d);
+    gd_sessions_close_listener(d);
+    gd_rpc_destroy(d->rpc);
+    d->rpc = NULL;
+    if (strncmp(d->cfg.listen, "unix:", 5) == 0)
+        unlink(d->cfg.listen + 5);
+    uv_walk(d->loop, on_close_walk, NULL);
+}
+
+static void on_grace_expired(uv_timer_t *t)
+{
+    gd_daemon_t *d = t->data;
+    gd_warn("calls still in flight after %llu ms; cancelling them",
+            (unsigned long long)d->cfg.shutdown_grace_ms);
+    gd_rpc_cancel_all(d->rpc);
+}
+
+static void stop(gd_daemon_t *d, const char *why)
+{
+    if (d->stopping)
+        return;
+    d->stopping = true;
+    sd_notify(0, "STOPPING=1");
+    gd_info("%s: draining in-flight calls", why);
+    uv_signal_stop(&d->sig_hup);
+    uv_timer_stop(&d->tick);
+    gd_sessions_close_listener(d);
+    uv_timer_start(&d->grace, on_grace_expired, d->cfg.shutdown_grace_ms, 0);
+    gd_rpc_shutdown(d->rpc, on_rpc_idle);
+}
+
+static void on_signal(uv_signal_t *h, int signum)
+{
+    gd_daemon_t *d = h->data;
+    if (signum == SIGHUP) {
+        gd_info("SIGHUP: reloading %s", d->config_path);
+        reload(d);
+        return;
+    }
+    stop(d, signum == SIGTERM ? "SIGTERM" : "SIGINT");
+}
+
+static void on_tick(uv_timer_t *t)
+{
+    gd_sessions_expire(t->data);
+}
+
+static int start(gd_daemon_t *d)
+{
+    if (pm_manager_create(d->cfg.max_region_bytes, &d->pools) != PM_OK) {
+        gd_error("cannot create the pool manager");
+        return -1;
+    }
+    gd_devices_discover(d);
+    for (size_t i = 0; i < d->ndevices; i++)
+        gd_info("device %s: %s", d->devices[i].id, d->devices[i].name);
+    if (d->cfg.default_pool[0]) {
+        int rc = pm_pool_create(d->pools, d->cfg.default_pool, "cpu:0",
+                                d->cfg.default_pool_limit, NULL);
+        if (rc != PM_OK) {
+            gd_error("default_pool '%s': %s", d->cfg.default_pool, pm_strerror(rc));
+            return -1;
+        }
+    }
+    bool is_unix = strncmp(d->cfg.listen, "unix:", 5) == 0;
+    if (is_unix && gd_socket_prepare(d->cfg.listen + 5) != 0)
+        return -1;
+    gd_rpc_opts_t ro = {d->cfg.listen, d->cfg.tls_cert, d->cfg.tls_key, d->cfg.max_message_bytes};
+    if (gd_rpc_start(d->loop, &ro, gd_methods, gd_methods_count, d, &d->rpc) != 0)
+        return -1;
+    if (is_unix)
+        gd_socket_permissions(d, d->cfg.listen + 5);
+    if (gd_sessions_listen(d) != 0)
+        return -1;
+    gd_info("graphd %s listening on %s (pid %d)", GRAPHD_VERSION, d->cfg.listen, (int)getpid());
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    static gd_daemon_t daemon;
+    gd_daemon_t *d = &daemon;
+    int rc = parse_args(d, argc, argv);
+    if (rc != 0)
+        return rc < 0 ? 0 : rc;
+    char err[512];
+    if (gd_config_load(&d->cfg, d->config_path, d->config_required, &d->overrides, err,
+                       sizeof err) != 0) {
+        fprintf(stderr, "graphd: %s\n", err);
+        return 2;
+    }
+    gd_log_set_level((int)d->cfg.log_level);
+    d->loop = uv_default_loop();
+    d->started_unix_ms = gd_now_unix_ms();
+    d->started_mono_ms = gd_now_mono_ms();
+    signal(SIGPIPE, SIG_IGN);
+
+    uv_signal_init(d->loop, &d->sig_term);
+    uv_signal_init(d->loop, &d->sig_int);
+    uv_signal_init(d->loop, &d->sig_hup);
+    d->sig_term.data = d->sig_int.data = d->sig_hup.data = d;
+    uv_signal_start(&d->sig_term, on_signal, SIGTERM);
+    uv_signal_start(&d->sig_int, on_signal, SIGINT);
+    uv_signal_start(&d->sig_hup, on_signal, SIGHUP);
+    uv_timer_init(d->loop, &d->tick);
+    uv_timer_init(d->loop, &d->grace);
+    d->tick.data = d->grace.data = d;
+
+    if (start(d) != 0) {
+        gd_error("start-up failed");
+        return 1;
+    }
+    uv_timer_start(&d->tick, on_tick, 1000, 1000);
+    sd_notify(0, "READY=1");
+    uv_run(d->loop, UV_RUN_DEFAULT);
+
+    int busy = uv_loop_close(d->loop);
+    if (busy != 0)
+        gd_warn("loop closed with handles open: %s", uv_strerror(busy));
+    rc = pm_manager_destroy(d->pools);
+    if (rc != PM_OK)
+        gd_warn("pool manager: %s at exit", pm_strerror(rc));
+    gd_config_free(&d->cfg);
+    gd_overrides_free(&d->overrides);
+    gd_info("graphd stopped");
+    return d->exit_code;
+}
