@@ -6,27 +6,14 @@
 #include "daemon.h"
 #include "log.h"
 
+#include <errno.h>
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <systemd/sd-daemon.h>
-#include <time.h>
 #include <unistd.h>
-
-uint64_t gd_now_unix_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
-
-uint64_t gd_now_mono_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
 
 static void usage(FILE *out)
 {
@@ -182,8 +169,20 @@ static void on_tick(uv_timer_t *t)
     gd_sessions_expire(t->data);
 }
 
+/* Every shared region holds an open memfd, so allow as many files as the hard limit does. */
+static void raise_file_limit(void)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+        rl.rlim_cur = rl.rlim_max;
+        if (setrlimit(RLIMIT_NOFILE, &rl) != 0)
+            gd_warn("cannot raise the open-file limit: %s", strerror(errno));
+    }
+}
+
 static int start(gd_daemon_t *d)
 {
+    raise_file_limit();
     if (pm_manager_create(d->cfg.max_region_bytes, &d->pools) != PM_OK) {
         gd_error("cannot create the pool manager");
         return -1;

@@ -68,6 +68,8 @@ pm_pool_t *pm_pool_find(pm_manager_t *m, const char *name);
  * pools (in creation order) and sets *count to the number filled. */
 void pm_pool_list(pm_manager_t *m, size_t *count, pm_pool_t **items);
 void pm_pool_info(const pm_pool_t *p, pm_pool_info_t *out);
+/* limit 0: none. A limit below the bytes already reserved is allowed: live regions stay, new
+ * allocations fail with PM_ELIMIT until enough is freed. PM_EINVAL for a NULL pool. */
 int pm_pool_set_limit(pm_pool_t *p, uint64_t limit_bytes);
 
 /* Allocates a region of size bytes for owner (a session id, nonzero). PM_EINVAL for 0 or above
