@@ -1,0 +1,790 @@
+/*
+ * graph_runtime engine: captures and replays callables with the semantics of
+ * torch.cuda.make_graphed_callables (torch/cuda/graphs.py), whatever the device family.
+ *
+ * Mirrors upstream step by step: buffers must not require grad; the static input surface of a
+ * callable is its sample args followed by module.parameters(); num_warmup_iters warm-up
+ * iterations run forward and autograd.grad (over the outputs that require grad, w.r.t. the
+ * surface entries that require grad, allow_unused = allow_unused_input) per callable; forwards
+ * are captured in order and backwards in reverse order in one pool; outputs are flattened as
+ * pytree does; a gradient autograd leaves undefined is upstream's None. allow_unused_input and
+ * outputs that need no grad follow torch 2.x's graphs.py (the GPU machine's torch; Debian's 1.13
+ * copy has neither and asserts that every output requires grad). Where graphd differs:
+ * static tensors live in caller blocks (so parameters are rebound to caller memory), and a probe
+ * iteration after warm-up learns output shapes and which gradients are absent, with buffers
+ * restored so it leaves no trace in module state.
+ */
+#include "engine_int.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <unordered_set>
+
+#include <torch/csrc/autograd/autograd.h>
+
+namespace gr
+{
+
+/* A graph pool: its device and the family's state for it. */
+struct Pool {
+    const Family *family;
+    int index;
+    std::string device_name;
+    std::unique_ptr<PoolState> state;
+};
+
+} // namespace gr
+
+struct gr_pool {
+    std::shared_ptr<gr::Pool> pool;
+};
+
+struct gr_capture {
+    std::shared_ptr<gr::Pool> pool;
+    std::vector<std::unique_ptr<gr::Callable>> callables;
+};
+
+struct gr_graph {
+    std::shared_ptr<gr::Pool> pool;
+    std::unique_ptr<gr::Callable> callable;
+    bool forward_pending = false;
+    uint64_t forward_replays = 0;
+    uint64_t backward_replays = 0;
+    uint64_t failed_replays = 0;
+};
+
+namespace gr
+{
+
+namespace
+{
+
+const char *const UPSTREAM_BUFFER_MSG =
+    "In any :class:`~torch.nn.Module` passed to :func:`~make_graphed_callables`, only parameters "
+    "may be trainable. All buffers must have ``requires_grad=False``.";
+
+const int64_t MAX_BYTES = int64_t(1) << 48; /* bound on one static tensor */
+
+struct DeviceRef {
+    const Family *family;
+    int index;
+    std::string name; /* canonical: "cpu:0" */
+};
+
+/* "cpu", "cpu:0", "cuda:1" => family and index. */
+DeviceRef parse_device(const char *device)
+{
+    std::string s(device);
+    size_t colon = s.find(':');
+    std::string kind = s.substr(0, colon);
+    int index = 0;
+    if (colon != std::string::npos) {
+        std::string num = s.substr(colon + 1);
+        if (num.empty() || num.size() > 6 ||
+            num.find_first_not_of("0123456789") != std::string::npos)
+            throw Error(GR_EINVAL, "malformed device '" + s + "' (expected kind[:index])");
+        index = std::stoi(num);
+    }
+    /* The families built in; family_cuda.cpp / family_xpu.cpp add theirs here. */
+    const Family *family = nullptr;
+    if (kind == "cpu")
+        family = &family_cpu();
+    else if (kind == "cuda" || kind == "xpu")
+        throw Error(GR_EUNSUPPORTED, "device family '" + kind + "' is not built into this graphd");
+    else
+        throw Error(GR_EINVAL, "unknown device kind '" + kind + "' in '" + s + "'");
+    if (index >= family->device_count())
+        throw Error(GR_ENOTFOUND, "no device " + s);
+    return {family, index, kind + ":" + std::to_string(index)};
+}
+
+std::shared_ptr<Pool> make_pool(const DeviceRef &d)
+{
+    auto pool = std::make_shared<Pool>();
+    pool->family = d.family;
+    pool->index = d.index;
+    pool->device_name = d.name;
+    pool->state = d.family->make_pool(d.index);
+    return pool;
+}
+
+std::string shape_str(c10::IntArrayRef shape)
+{
+    std::string s = "[";
+    for (size_t i = 0; i < shape.size(); i++)
+        s += (i ? ", " : "") + std::to_string(shape[i]);
+    return s + "]";
+}
+
+/* Copies of the buffers, written back by restore(): probe and CPU capture runs leave no trace. */
+class BufferSnapshot
+{
+  public:
+    explicit BufferSnapshot(const std::vector<at::Tensor> &buffers) : buffers_(buffers)
+    {
+        c10::NoGradGuard no_grad;
+        for (const at::Tensor &b : buffers_)
+            saved_.push_back(b.clone());
+    }
+    void restore()
+    {
+        c10::NoGradGuard no_grad;
+        for (size_t i = 0; i < buffers_.size(); i++)
+            buffers_[i].copy_(saved_[i]);
+    }
+
+  private:
+    std::vector<at::Tensor> buffers_;
+    std::vector<at::Tensor> saved_;
+};
+
+/* pytree's flatten: tensors depth-first, dict values in insertion order. */
+void flatten(const c10::IValue &v, const std::string &path, std::vector<at::Tensor> &out,
+             std::vector<std::string> *names)
+{
+    auto child = [&path](const std::string &key) { return path.empty() ? key : path + "." + key; };
+    if (v.isTensor()) {
+        out.push_back(v.toTensor());
+        if (names)
+            names->push_back(path);
+    } else if (v.isTuple()) {
+        const auto &elems = v.toTupleRef().elements();
+        for (size_t i = 0; i < elems.size(); i++)
+            flatten(elems[i], child(std::to_string(i)), out, names);
+    } else if (v.isList()) {
+        c10::List<c10::IValue> list = v.toList();
+        for (size_t i = 0; i < list.size(); i++)
+            flatten(list.get(i), child(std::to_string(i)), out, names);
+    } else if (v.isGenericDict()) {
+        for (const auto &kv : v.toGenericDict()) {
+            const c10::IValue &k = kv.key();
+            std::string key = k.isString() ? k.toStringRef()
+                              : k.isInt()  ? std::to_string(k.toInt())
+                                           : std::string("?");
+            flatten(kv.value(), child(key), out, names);
+        }
+    } else {
+        throw Error(GR_EINVAL, "output '" + path + "' is " + v.tagKind() +
+                                   ": outputs must be tensors or tuples, lists or dicts of them");
+    }
+}
+
+std::vector<at::Tensor> call(Callable &c, std::vector<std::string> *names)
+{
+    std::vector<c10::IValue> in(c.args.begin(), c.args.end());
+    c10::IValue result = (*c.method)(std::move(in));
+    std::vector<at::Tensor> outs;
+    flatten(result, "", outs, names);
+    for (size_t i = 0; i < outs.size(); i++)
+        if (!outs[i].defined())
+            throw Error(GR_EINVAL, "output " + std::to_string(i) + " is None");
+    return outs;
+}
+
+/* One warm-up iteration, as upstream's loop body. */
+void warmup_iteration(Callable &c)
+{
+    std::vector<at::Tensor> outs = call(c, nullptr);
+    std::vector<at::Tensor> need, grads_out;
+    for (const at::Tensor &o : outs)
+        if (o.requires_grad()) {
+            need.push_back(o);
+            grads_out.push_back(at::zeros_like(o));
+        }
+    if (!need.empty())
+        torch::autograd::grad(need, c.grad_targets, grads_out, false, false, c.allow_unused);
+}
+
+/* Learns the outputs and which gradients autograd leaves undefined; leaves buffers as found. */
+void probe(Callable &c)
+{
+    BufferSnapshot snap(c.buffers);
+    std::vector<std::string> names;
+    std::vector<at::Tensor> outs = call(c, &names);
+    c.outputs.clear();
+    c.has_backward = false;
+    std::vector<at::Tensor> need, grads_out;
+    for (size_t i = 0; i < outs.size(); i++) {
+        const at::Tensor &o = outs[i];
+        std::string what = "output " + std::to_string(i) + " ('" + names[i] + "')";
+        if (from_scalar(o.scalar_type()) == GR_DTYPE_INVALID)
+            throw Error(GR_EUNSUPPORTED,
+                        what + " has dtype " + c10::toString(o.scalar_type()) + ", not supported");
+        if (o.dim() > GR_MAX_DIMS)
+            throw Error(GR_EUNSUPPORTED, what + " has " + std::to_string(o.dim()) +
+                                             " dimensions, more than " +
+                                             std::to_string(GR_MAX_DIMS));
+        c.outputs.push_back({names[i], o.scalar_type(), o.sizes().vec(), o.requires_grad()});
+        if (o.requires_grad()) {
+            c.has_backward = true;
+            need.push_back(o);
+            grads_out.push_back(at::zeros_like(o));
+        }
+    }
+    c.grad_absent.assign(c.grad_targets.size(), false);
+    if (!need.empty()) {
+        auto grads =
+            torch::autograd::grad(need, c.grad_targets, grads_out, false, false, c.allow_unused);
+        for (size_t i = 0; i < grads.size() && i < c.grad_absent.size(); i++)
+            c.grad_absent[i] = !grads[i].defined();
+    }
+    snap.restore();
+}
+
+void add_static(Callable &c, int role, size_t index, const std::string &name, c10::ScalarType st,
+                c10::IntArrayRef shape, uint32_t flags)
+{
+    gr_tensor_desc_t d{};
+    d.role = role;
+    d.index = static_cast<uint32_t>(index);
+    c.names.push_back(name);
+    d.name = c.names.back().c_str();
+    d.dtype = from_scalar(st);
+    d.ndim = static_cast<uint32_t>(shape.size());
+    int64_t numel = 1;
+    for (size_t k = shape.size(); k-- > 0;) {
+        d.shape[k] = shape[k];
+        d.strides[k] = numel;
+        numel *= shape[k];
+    }
+    c.total_bytes = (c.total_bytes + GR_ALIGN - 1) / GR_ALIGN * GR_ALIGN;
+    d.offset = c.total_bytes;
+    d.nbytes = static_cast<uint64_t>(numel) * gr_dtype_size(d.dtype);
+    d.flags = flags;
+    c.total_bytes += d.nbytes;
+    c.layout.push_back(d);
+}
+
+/* Block order: inputs, outputs, grad-outputs, grad-inputs, parameters, parameter grads. */
+void build_layout(Callable &c)
+{
+    c.layout.clear();
+    c.names.clear();
+    c.total_bytes = 0;
+    for (size_t i = 0; i < c.args.size(); i++)
+        add_static(c, GR_ROLE_INPUT, i, std::to_string(i), c.args[i].scalar_type(),
+                   c.args[i].sizes(), c.args[i].requires_grad() ? GR_TENSOR_REQUIRES_GRAD : 0);
+    for (size_t i = 0; i < c.outputs.size(); i++)
+        add_static(c, GR_ROLE_OUTPUT, i, c.outputs[i].name, c.outputs[i].dtype, c.outputs[i].shape,
+                   c.outputs[i].requires_grad ? GR_TENSOR_REQUIRES_GRAD : 0);
+    for (size_t i = 0; i < c.outputs.size(); i++)
+        if (c.outputs[i].requires_grad)
+            add_static(c, GR_ROLE_GRAD_OUTPUT, i, c.outputs[i].name, c.outputs[i].dtype,
+                       c.outputs[i].shape, 0);
+    size_t target = 0;
+    for (size_t i = 0; i < c.args.size(); i++)
+        if (c.args[i].requires_grad()) {
+            add_static(c, GR_ROLE_GRAD_INPUT, i, std::to_string(i), c.args[i].scalar_type(),
+                       c.args[i].sizes(), c.grad_absent[target] ? GR_TENSOR_ABSENT : 0);
+            target++;
+        }
+    for (size_t i = 0; i < c.params.size(); i++)
+        add_static(c, GR_ROLE_PARAM, i, c.param_names[i], c.params[i].scalar_type(),
+                   c.params[i].sizes(), c.params[i].requires_grad() ? GR_TENSOR_REQUIRES_GRAD : 0);
+    for (size_t i = 0; i < c.params.size(); i++)
+        if (c.params[i].requires_grad()) {
+            add_static(c, GR_ROLE_PARAM_GRAD, i, c.param_names[i], c.params[i].scalar_type(),
+                       c.params[i].sizes(), c.grad_absent[target] ? GR_TENSOR_ABSENT : 0);
+            target++;
+        }
+    c.total_bytes = (c.total_bytes + GR_ALIGN - 1) / GR_ALIGN * GR_ALIGN;
+}
+
+at::Tensor make_sample(const gr_arg_spec_t &a, c10::Device device)
+{
+    std::vector<int64_t> shape(a.shape, a.shape + a.ndim);
+    c10::ScalarType st = to_scalar(a.dtype);
+    at::Tensor t;
+    if (a.data != nullptr) {
+        t = torch::from_blob(const_cast<void *>(a.data), shape, at::TensorOptions().dtype(st))
+                .to(device, st, false, true);
+    } else if (gr_dtype_is_floating(a.dtype)) {
+        t = torch::randn(shape, at::TensorOptions().dtype(at::kFloat)).to(device, st);
+    } else {
+        t = torch::zeros(shape, at::TensorOptions().dtype(st).device(device));
+    }
+    return t.requires_grad_(a.requires_grad != 0);
+}
+
+void check_arg(const gr_arg_spec_t &a, size_t j)
+{
+    std::string what = "arg " + std::to_string(j);
+    if (gr_dtype_size(a.dtype) == 0)
+        throw Error(GR_EINVAL, what + ": dtype " + std::to_string(a.dtype) + " is not supported");
+    if (a.ndim > GR_MAX_DIMS)
+        throw Error(GR_EINVAL, what + ": " + std::to_string(a.ndim) + " dimensions, more than " +
+                                   std::to_string(GR_MAX_DIMS));
+    int64_t bytes = static_cast<int64_t>(gr_dtype_size(a.dtype));
+    for (uint32_t k = 0; k < a.ndim; k++) {
+        if (a.shape[k] < 0)
+            throw Error(GR_EINVAL, what + ": negative dimension " + std::to_string(a.shape[k]));
+        if (a.shape[k] > 0 && bytes > MAX_BYTES / a.shape[k])
+            throw Error(GR_EINVAL, what + ": too large");
+        bytes *= a.shape[k];
+    }
+    if (a.requires_grad && !gr_dtype_is_floating(a.dtype))
+        throw Error(GR_EINVAL, what + ": only floating-point tensors can require grad, not " +
+                                   gr_dtype_name(a.dtype));
+}
+
+std::unique_ptr<Callable> prepare_callable(const gr_callable_spec_t &spec, const Pool &pool,
+                                           bool allow_unused)
+{
+    if (spec.module == nullptr)
+        throw Error(GR_EINVAL, "NULL module");
+    if (spec.n_args > 0 && spec.args == nullptr)
+        throw Error(GR_EINVAL, "NULL args");
+    for (size_t j = 0; j < spec.n_args; j++)
+        check_arg(spec.args[j], j);
+
+    auto c = std::make_unique<Callable>();
+    c->device = pool.family->device(pool.index);
+    c->allow_unused = allow_unused;
+    c->method_name = spec.method ? spec.method : "forward";
+    c->module = module_clone(spec.module, c->device);
+    auto method = c->module.find_method(c->method_name);
+    if (!method)
+        throw Error(GR_EINVAL, "module has no method '" + c->method_name + "'");
+    c->method.emplace(*method);
+    c->is_training = c->module.is_training();
+
+    std::unordered_set<const void *> seen;
+    for (const auto &b : c->module.named_buffers(true)) {
+        if (!seen.insert(b.value.unsafeGetTensorImpl()).second)
+            continue;
+        if (b.value.requires_grad())
+            throw Error(GR_EINVAL,
+                        std::string(UPSTREAM_BUFFER_MSG) + " (buffer '" + b.name + "' does)");
+        c->buffers.push_back(b.value);
+    }
+    seen.clear();
+    for (const auto &p : c->module.named_parameters(true)) {
+        if (!seen.insert(p.value.unsafeGetTensorImpl()).second)
+            continue;
+        c->param_names.push_back(p.name);
+        c->params.push_back(p.value);
+    }
+    for (size_t j = 0; j < spec.n_args; j++)
+        c->args.push_back(make_sample(spec.args[j], c->device));
+    for (const at::Tensor &a : c->args)
+        if (a.requires_grad())
+            c->grad_targets.push_back(a);
+    for (const at::Tensor &p : c->params)
+        if (p.requires_grad())
+            c->grad_targets.push_back(p);
+    return c;
+}
+
+/* Makes the static tensors views of base and rebinds the parameters to theirs. */
+void bind(Callable &c, void *base)
+{
+    c10::NoGradGuard no_grad;
+    auto bytes = static_cast<uint8_t *>(base);
+    torch::from_blob(base, {static_cast<int64_t>(c.total_bytes)},
+                     at::TensorOptions().dtype(at::kByte).device(c.device))
+        .zero_();
+    std::vector<at::Tensor> inputs, params, grad_in, grad_param;
+    c.out_views.clear();
+    c.grad_out_views.clear();
+    for (const gr_tensor_desc_t &d : c.layout) {
+        at::Tensor v =
+            torch::from_blob(bytes + d.offset, c10::IntArrayRef(d.shape, d.ndim),
+                             c10::IntArrayRef(d.strides, d.ndim),
+                             at::TensorOptions().dtype(to_scalar(d.dtype)).device(c.device));
+        switch (d.role) {
+        case GR_ROLE_INPUT:
+            v.copy_(c.args[d.index]);
+            v.requires_grad_((d.flags & GR_TENSOR_REQUIRES_GRAD) != 0);
+            inputs.push_back(v);
+            break;
+        case GR_ROLE_OUTPUT:
+            c.out_views.push_back(v);
+            break;
+        case GR_ROLE_GRAD_OUTPUT:
+            c.grad_out_views.push_back(v);
+            break;
+        case GR_ROLE_GRAD_INPUT:
+            grad_in.push_back(v);
+            break;
+        case GR_ROLE_PARAM:
+            v.copy_(c.params[d.index]);
+            c.params[d.index].set_data(v);
+            break;
+        case GR_ROLE_PARAM_GRAD:
+            grad_param.push_back(v);
+            break;
+        }
+    }
+    c.args = inputs;
+    c.grad_targets.clear();
+    for (const at::Tensor &a : c.args)
+        if (a.requires_grad())
+            c.grad_targets.push_back(a);
+    for (const at::Tensor &p : c.params)
+        if (p.requires_grad())
+            c.grad_targets.push_back(p);
+    c.grad_views = grad_in;
+    c.grad_views.insert(c.grad_views.end(), grad_param.begin(), grad_param.end());
+    if (c.grad_views.size() != c.grad_targets.size())
+        throw Error(GR_EINTERNAL, "static gradients do not match the grad targets");
+}
+
+void fill_info(const Callable &c, const Pool &pool, gr_graph_info_t *out)
+{
+    gr_graph_info_t info{};
+    std::snprintf(info.device, sizeof(info.device), "%s", pool.device_name.c_str());
+    info.is_training = c.is_training ? 1 : 0;
+    info.has_backward = c.has_backward ? 1 : 0;
+    for (const gr_tensor_desc_t &d : c.layout)
+        info.counts[d.role]++;
+    info.total_bytes = c.total_bytes;
+    *out = info;
+}
+
+void copy_layout(const Callable &c, size_t *count, gr_tensor_desc_t *items, uint64_t *total_bytes)
+{
+    if (items != nullptr) {
+        size_t n = std::min(*count, c.layout.size());
+        std::copy(c.layout.begin(), c.layout.begin() + static_cast<ptrdiff_t>(n), items);
+        *count = n;
+    } else {
+        *count = c.layout.size();
+    }
+    if (total_bytes != nullptr)
+        *total_bytes = c.total_bytes;
+}
+
+} // namespace
+
+void run_forward(Callable &c)
+{
+    c.live.clear();
+    std::vector<at::Tensor> outs = call(c, nullptr);
+    if (outs.size() != c.outputs.size())
+        throw Error(GR_EINTERNAL, "returned " + std::to_string(outs.size()) +
+                                      " tensors, capture saw " + std::to_string(c.outputs.size()));
+    std::vector<at::Tensor> live;
+    for (size_t i = 0; i < outs.size(); i++) {
+        const OutputMeta &m = c.outputs[i];
+        if (outs[i].scalar_type() != m.dtype || outs[i].sizes() != c10::IntArrayRef(m.shape))
+            throw Error(GR_EINTERNAL, "output " + std::to_string(i) + " is " +
+                                          c10::toString(outs[i].scalar_type()) +
+                                          shape_str(outs[i].sizes()) + ", capture saw " +
+                                          c10::toString(m.dtype) + shape_str(m.shape));
+        if (m.requires_grad != outs[i].requires_grad())
+            throw Error(GR_EINTERNAL,
+                        "output " + std::to_string(i) + " changed requires_grad since capture");
+        if (m.requires_grad)
+            live.push_back(outs[i]);
+    }
+    {
+        c10::NoGradGuard no_grad;
+        for (size_t i = 0; i < outs.size(); i++)
+            c.out_views[i].copy_(outs[i]);
+    }
+    c.live = std::move(live);
+}
+
+void run_backward(Callable &c)
+{
+    std::vector<at::Tensor> live = std::move(c.live);
+    c.live.clear();
+    auto grads =
+        torch::autograd::grad(live, c.grad_targets, c.grad_out_views, false, false, c.allow_unused);
+    c10::NoGradGuard no_grad;
+    for (size_t i = 0; i < c.grad_views.size(); i++) {
+        if (i < grads.size() && grads[i].defined())
+            c.grad_views[i].copy_(grads[i]);
+        else
+            c.grad_views[i].zero_();
+    }
+}
+
+} // namespace gr
+
+using gr::Error;
+
+extern "C" int gr_pool_create(const char *device, gr_pool_t **out)
+{
+    try {
+        if (out == nullptr || device == nullptr)
+            return gr__set_error(GR_EINVAL, "gr_pool_create: NULL argument");
+        *out = nullptr;
+        auto p = std::make_unique<gr_pool>();
+        p->pool = gr::make_pool(gr::parse_device(device));
+        *out = p.release();
+        return GR_OK;
+    } catch (const std::exception &e) {
+        return gr::fail_with(e, GR_EINTERNAL);
+    } catch (...) {
+        return gr::fail_unknown("gr_pool_create");
+    }
+}
+
+extern "C" int gr_pool_destroy(gr_pool_t *p)
+{
+    try {
+        if (p == nullptr)
+            return gr__set_error(GR_EINVAL, "gr_pool_destroy: NULL pool");
+        if (p->pool.use_count() > 1)
+            return gr__set_errorf(GR_EBUSY, "pool on %s is used by %ld captures or graphs",
+                                  p->pool->device_name.c_str(), p->pool.use_count() - 1);
+        delete p;
+        return GR_OK;
+    } catch (const std::exception &e) {
+        return gr::fail_with(e, GR_EINTERNAL);
+    } catch (...) {
+        return gr::fail_unknown("gr_pool_destroy");
+    }
+}
+
+extern "C" int gr_capture_prepare(const char *device, size_t n, const gr_callable_spec_t *specs,
+                                  const gr_capture_opts_t *opts, gr_capture_t **out)
+{
+    try {
+        if (out == nullptr)
+            return gr__set_error(GR_EINVAL, "gr_capture_prepare: NULL out");
+        *out = nullptr;
+        if (device == nullptr || specs == nullptr || n == 0)
+            return gr__set_error(GR_EINVAL, "gr_capture_prepare: no device or no callables");
+        gr_capture_opts_t o;
+        gr_capture_opts_init(&o);
+        if (opts != nullptr)
+            o = *opts;
+        if (o.num_warmup_iters < 0)
+            o.num_warmup_iters = 3;
+
+        auto cap = std::make_unique<gr_capture>();
+        gr::DeviceRef dev = gr::parse_device(device);
+        if (o.pool != nullptr) {
+            if (o.pool->pool->device_name != dev.name)
+                throw Error(GR_EINVAL,
+                            "pool is on " + o.pool->pool->device_name + ", not " + dev.name);
+            cap->pool = o.pool->pool;
+        } else {
+            cap->pool = gr::make_pool(dev);
+        }
+        const gr::Pool &pool = *cap->pool;
+
+        c10::AutoGradMode grad_mode(true);
+        for (size_t i = 0; i < n; i++)
+            cap->callables.push_back(
+                gr::in_context("callable " + std::to_string(i), GR_EINVAL, [&] {
+                    return gr::prepare_callable(specs[i], pool, o.allow_unused_input != 0);
+                }));
+        pool.family->warmup(pool.index, [&] {
+            for (size_t i = 0; i < n; i++)
+                gr::in_context("callable " + std::to_string(i) + " warm-up", GR_EINVAL, [&] {
+                    for (int it = 0; it < o.num_warmup_iters; it++)
+                        gr::warmup_iteration(*cap->callables[i]);
+                });
+        });
+        for (size_t i = 0; i < n; i++)
+            gr::in_context("callable " + std::to_string(i), GR_EINVAL, [&] {
+                gr::probe(*cap->callables[i]);
+                gr::build_layout(*cap->callables[i]);
+            });
+        *out = cap.release();
+        return GR_OK;
+    } catch (const std::exception &e) {
+        return gr::fail_with(e, GR_EINVAL);
+    } catch (...) {
+        return gr::fail_unknown("gr_capture_prepare");
+    }
+}
+
+extern "C" int gr_capture_layout(const gr_capture_t *c, size_t i, size_t *count,
+                                 gr_tensor_desc_t *items, uint64_t *total_bytes)
+{
+    try {
+        if (c == nullptr || count == nullptr)
+            return gr__set_error(GR_EINVAL, "gr_capture_layout: NULL argument");
+        if (i >= c->callables.size())
+            return gr__set_errorf(GR_EINVAL, "gr_capture_layout: callable %zu of %zu", i,
+                                  c->callables.size());
+        gr::copy_layout(*c->callables[i], count, items, total_bytes);
+        return GR_OK;
+    } catch (const std::exception &e) {
+        return gr::fail_with(e, GR_EINTERNAL);
+    } catch (...) {
+        return gr::fail_unknown("gr_capture_layout");
+    }
+}
+
+extern "C" int gr_capture_info(const gr_capture_t *c, size_t i, gr_graph_info_t *out)
+{
+    try {
+        if (c == nullptr || out == nullptr)
+            return gr__set_error(GR_EINVAL, "gr_capture_info: NULL argument");
+        if (i >= c->callables.size())
+            return gr__set_errorf(GR_EINVAL, "gr_capture_info: callable %zu of %zu", i,
+                                  c->callables.size());
+        gr::fill_info(*c->callables[i], *c->pool, out);
+        return GR_OK;
+    } catch (const std::exception &e) {
+        return gr::fail_with(e, GR_EINTERNAL);
+    } catch (...) {
+        return gr::fail_unknown("gr_capture_info");
+    }
+}
+
+extern "C" int gr_capture_finish(gr_capture_t *c, void *const *bases, gr_graph_t **graphs)
+{
+    std::unique_ptr<gr_capture> cap(c); /* consumed, whatever happens */
+    try {
+        if (!cap || bases == nullptr || graphs == nullptr)
+            return gr__set_error(GR_EINVAL, "gr_capture_finish: NULL argument");
+        size_t n = cap->callables.size();
+        std::fill(graphs, graphs + n, nullptr);
+        for (size_t i = 0; i < n; i++) {
+            if (bases[i] == nullptr || reinterpret_cast<uintptr_t>(bases[i]) % GR_ALIGN != 0)
+                return gr__set_errorf(GR_EINVAL, "callable %zu: static block %p is not %d-aligned",
+                                      i, bases[i], GR_ALIGN);
+        }
+        const gr::Pool &pool = *cap->pool;
+        c10::AutoGradMode grad_mode(true);
+        std::vector<at::Tensor> all_buffers;
+        for (size_t i = 0; i < n; i++) {
+            gr::Callable &cl = *cap->callables[i];
+            gr::in_context("callable " + std::to_string(i), GR_EINVAL,
+                           [&] { gr::bind(cl, bases[i]); });
+            all_buffers.insert(all_buffers.end(), cl.buffers.begin(), cl.buffers.end());
+        }
+        /* Capture must not change module state (a CUDA capture does not execute at all). */
+        gr::BufferSnapshot snap(all_buffers);
+        for (size_t i = 0; i < n; i++)
+            gr::in_context("callable " + std::to_string(i) + " forward capture", GR_EINVAL, [&] {
+                pool.family->capture_forward(*cap->callables[i], pool.state.get());
+            });
+        for (size_t i = n; i-- > 0;)
+            if (cap->callables[i]->has_backward)
+                gr::in_context(
+                    "callable " + std::to_string(i) + " backward capture", GR_EINVAL,
+                    [&] { pool.family->capture_backward(*cap->callables[i], pool.state.get()); });
+        for (auto &cl : cap->callables)
+            cl->live.clear();
+        snap.restore();
+
+        std::vector<std::unique_ptr<gr_graph>> made;
+        for (size_t i = 0; i < n; i++) {
+            auto g = std::make_unique<gr_graph>();
+            g->pool = cap->pool;
+            g->callable = std::move(cap->callables[i]);
+            made.push_back(std::move(g));
+        }
+        for (size_t i = 0; i < n; i++)
+            graphs[i] = made[i].release();
+        return GR_OK;
+    } catch (const std::exception &e) {
+        return gr::fail_with(e, GR_EINVAL);
+    } catch (...) {
+        return gr::fail_unknown("gr_capture_finish");
+    }
+}
+
+extern "C" int gr_capture_abort(gr_capture_t *c)
+{
+    try {
+        if (c == nullptr)
+            return gr__set_error(GR_EINVAL, "gr_capture_abort: NULL capture");
+        delete c;
+        return GR_OK;
+    } catch (const std::exception &e) {
+        return gr::fail_with(e, GR_EINTERNAL);
+    } catch (...) {
+        return gr::fail_unknown("gr_capture_abort");
+    }
+}
+
+extern "C" int gr_graph_replay(gr_graph_t *g, int phase, uint64_t *elapsed_ns)
+{
+    try {
+        if (g == nullptr)
+            return gr__set_error(GR_EINVAL, "gr_graph_replay: NULL graph");
+        gr::Callable &c = *g->callable;
+        const gr::Family &family = *g->pool->family;
+        auto t0 = std::chrono::steady_clock::now();
+        c10::AutoGradMode grad_mode(true);
+        if (phase == GR_PHASE_FORWARD) {
+            g->forward_pending = false;
+            family.replay_forward(c);
+            g->forward_pending = c.has_backward;
+            g->forward_replays++;
+        } else if (phase == GR_PHASE_BACKWARD) {
+            if (!c.has_backward)
+                return gr__set_error(GR_EPRECOND,
+                                     "no output of this graph requires grad: it has no backward");
+            if (!g->forward_pending)
+                return gr__set_error(GR_EPRECOND,
+                                     "BACKWARD needs a FORWARD since the last BACKWARD");
+            g->forward_pending = false;
+            family.replay_backward(c);
+            g->backward_replays++;
+        } else {
+            return gr__set_errorf(GR_EINVAL, "phase %d is neither FORWARD nor BACKWARD", phase);
+        }
+        if (elapsed_ns != nullptr)
+            *elapsed_ns =
+                static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                          std::chrono::steady_clock::now() - t0)
+                                          .count());
+        return GR_OK;
+    } catch (const std::exception &e) {
+        g->callable->live.clear();
+        g->failed_replays++;
+        return gr::fail_with(e, GR_EINTERNAL);
+    } catch (...) {
+        g->callable->live.clear();
+        g->failed_replays++;
+        return gr::fail_unknown("gr_graph_replay");
+    }
+}
+
+extern "C" int gr_graph_destroy(gr_graph_t *g)
+{
+    try {
+        if (g == nullptr)
+            return gr__set_error(GR_EINVAL, "gr_graph_destroy: NULL graph");
+        delete g;
+        return GR_OK;
+    } catch (const std::exception &e) {
+        return gr::fail_with(e, GR_EINTERNAL);
+    } catch (...) {
+        return gr::fail_unknown("gr_graph_destroy");
+    }
+}
+
+extern "C" int gr_graph_info(const gr_graph_t *g, gr_graph_info_t *out)
+{
+    try {
+        if (g == nullptr || out == nullptr)
+            return gr__set_error(GR_EINVAL, "gr_graph_info: NULL argument");
+        gr::fill_info(*g->callable, *g->pool, out);
+        out->forward_replays = g->forward_replays;
+        out->backward_replays = g->backward_replays;
+        out->failed_replays = g->failed_replays;
+        out->forward_pending = g->forward_pending ? 1 : 0;
+        return GR_OK;
+    } catch (const std::exception &e) {
+        return gr::fail_with(e, GR_EINTERNAL);
+    } catch (...) {
+        return gr::fail_unknown("gr_graph_info");
+    }
+}
+
+extern "C" int gr_graph_layout(const gr_graph_t *g, size_t *count, gr_tensor_desc_t *items,
+                               uint64_t *total_bytes)
+{
+    try {
+        if (g == nullptr || count == nullptr)
+            return gr__set_error(GR_EINVAL, "gr_graph_layout: NULL argument");
+        gr::copy_layout(*g->callable, count, items, total_bytes);
+        return GR_OK;
+    } catch (const std::exception &e) {
+        return gr::fail_with(e, GR_EINTERNAL);
+    } catch (...) {
+        return gr::fail_unknown("gr_graph_layout");
+    }
+}

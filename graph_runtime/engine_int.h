@@ -1,0 +1,156 @@
+/*
+ * graph_runtime internals of the C++ shim (C++17 only): how exceptions become error codes at the
+ * C ABI, dtype mapping, the module registry's clone hook, the state of one captured callable,
+ * and the device-family interface that each family_<kind>.cpp implements.
+ *
+ * The engine (engine.cpp) owns the make_graphed_callables logic and is the same for every
+ * family: argument checks, warm-up, layout, static tensors, the FORWARD/BACKWARD protocol. A
+ * family decides only where work runs and whether a graph object records it: the CPU family runs
+ * run_forward()/run_backward() eagerly both at capture and at every replay; a CUDA family runs
+ * them once inside at::cuda::CUDAGraph capture and replays the graphs.
+ */
+#ifndef GRAPHD_ENGINE_INT_H
+#define GRAPHD_ENGINE_INT_H
+
+#ifndef __cplusplus
+#error "engine_int.h is for the C++ shim only"
+#endif
+
+#include "runtime_int.h"
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <torch/script.h>
+
+namespace gr
+{
+
+/* An error with a gr_err_t code, thrown inside the shim and returned as that code at the ABI. */
+struct Error : std::runtime_error {
+    int code;
+    Error(int code_, const std::string &msg) : std::runtime_error(msg), code(code_)
+    {
+    }
+};
+
+/* libtorch's message for e, on one line: the raised error of a TorchScript traceback, else the
+ * first line; at most about 480 bytes. */
+std::string message_of(const std::exception &e);
+/* GR_ENOMEM when e is an allocation failure, else default_code. */
+int code_of(const std::exception &e, int default_code);
+/* For the catch (const std::exception &) of an extern "C" function: keeps the message for this
+ * thread and returns the code (gr::Error's own, GR_ENOMEM for allocation failures, else
+ * default_code). */
+int fail_with(const std::exception &e, int default_code);
+/* For the catch (...) of an extern "C" function. */
+int fail_unknown(const char *fn);
+
+/* Runs f; an exception comes out as gr::Error whose message starts with "ctx: ". */
+template <typename F> auto in_context(const std::string &ctx, int default_code, F &&f)
+{
+    try {
+        return f();
+    } catch (const Error &e) {
+        throw Error(e.code, ctx + ": " + e.what());
+    } catch (const std::exception &e) {
+        throw Error(code_of(e, default_code), ctx + ": " + message_of(e));
+    }
+}
+
+/* gr_dtype_t <-> ScalarType; from_scalar gives GR_DTYPE_INVALID for types graphd does not carry. */
+c10::ScalarType to_scalar(int dtype);
+int from_scalar(c10::ScalarType t);
+
+/* A deep copy of a loaded module on device: its own parameters (leaves, requires_grad as in the
+ * original) and buffers. Serialised per module (module.cpp). */
+torch::jit::Module module_clone(gr_module_t *m, c10::Device device);
+
+/* What a family keeps per callable (a CUDA family: the forward and backward graphs). */
+struct FamilyState {
+    virtual ~FamilyState() = default;
+};
+
+/* What a family keeps per pool (a CUDA family: the graph mempool id). */
+struct PoolState {
+    virtual ~PoolState() = default;
+};
+
+struct OutputMeta {
+    std::string name; /* path in the returned structure */
+    c10::ScalarType dtype;
+    std::vector<int64_t> shape;
+    bool requires_grad;
+};
+
+/* One callable of a capture, then of its graph. */
+struct Callable {
+    torch::jit::Module module; /* the daemon's own deep copy */
+    std::string method_name;
+    std::optional<torch::jit::Method> method;
+    c10::Device device{c10::kCPU};
+    bool is_training = false;
+    bool allow_unused = false;
+
+    std::vector<at::Tensor> args; /* sample args; after finish, the INPUT tensors */
+    std::vector<std::string> param_names;
+    std::vector<at::Tensor> params;  /* the module's parameters; after finish backed by PARAM */
+    std::vector<at::Tensor> buffers; /* the module's buffers (restored after probe and capture) */
+    std::vector<OutputMeta> outputs;
+    bool has_backward = false; /* some output requires grad */
+
+    /* autograd.grad's inputs: the args, then the parameters, that require grad */
+    std::vector<at::Tensor> grad_targets;
+    std::vector<bool> grad_absent; /* per grad target: no gradient at probe */
+
+    std::vector<gr_tensor_desc_t> layout;
+    std::deque<std::string> names; /* storage for layout[].name */
+    uint64_t total_bytes = 0;
+
+    /* Static tensors over the caller's block, after finish. */
+    std::vector<at::Tensor> out_views;      /* per output */
+    std::vector<at::Tensor> grad_out_views; /* per output that requires grad */
+    std::vector<at::Tensor> grad_views;     /* GRAD_INPUT then PARAM_GRAD, as grad_targets */
+
+    std::vector<at::Tensor> live; /* outputs of the last forward that require grad */
+    std::unique_ptr<FamilyState> family_state;
+};
+
+/* The engine's eager steps. run_forward: the method on the INPUT tensors, results copied into
+ * the OUTPUT tensors, the outputs that require grad kept for run_backward. run_backward:
+ * autograd.grad of the kept outputs with the GRAD_OUTPUT tensors, into GRAD_INPUT and PARAM_GRAD
+ * (zeros where autograd gives none); the kept outputs are dropped. */
+void run_forward(Callable &c);
+void run_backward(Callable &c);
+
+/* A device family. The engine calls capture_forward for every callable in order, then
+ * capture_backward in reverse order for those with a backward; afterwards replay_* must compute
+ * what run_forward/run_backward would on the static tensors. All calls for one device come from
+ * one thread at a time. */
+class Family
+{
+  public:
+    virtual ~Family() = default;
+    virtual const char *kind() const = 0; /* "cpu" */
+    virtual int device_count() const = 0;
+    virtual c10::Device device(int index) const = 0;
+    virtual std::unique_ptr<PoolState> make_pool(int index) const = 0;
+    /* Runs the warm-up iterations (a CUDA family: on a side stream, synchronised around). */
+    virtual void warmup(int index, const std::function<void()> &body) const = 0;
+    virtual void capture_forward(Callable &c, PoolState *pool) const = 0;
+    virtual void capture_backward(Callable &c, PoolState *pool) const = 0;
+    virtual void replay_forward(Callable &c) const = 0;
+    virtual void replay_backward(Callable &c) const = 0;
+};
+
+const Family &family_cpu();
+
+} // namespace gr
+
+#endif

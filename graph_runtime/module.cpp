@@ -1,0 +1,317 @@
+/*
+ * graph_runtime modules: loading TorchScript archives from memory and the process-wide registry
+ * that content-addresses them by SHA-256 with reference counts. The registry is the one piece of
+ * shared mutable state in the runtime: device workers load and release concurrently, so a mutex
+ * guards it, and each module serialises the clones that captures take of it.
+ *
+ * TorchScript is the only format today; load_archive() is the one place that knows it.
+ */
+#include "engine_int.h"
+
+#include <cstring>
+#include <istream>
+#include <mutex>
+#include <streambuf>
+#include <unordered_map>
+#include <unordered_set>
+
+struct gr_module {
+    std::string key; /* the SHA-256, raw bytes */
+    uint8_t sha256[GR_SHA256_LEN];
+    uint64_t archive_bytes = 0;
+    torch::jit::Module module;
+    uint32_t refcount = 1; /* guarded by the registry mutex */
+    std::mutex clone_mu;
+};
+
+namespace
+{
+
+struct Registry {
+    std::mutex mu;
+    std::unordered_map<std::string, gr_module *> modules;
+};
+
+/* Never destroyed: modules still loaded at exit must not be torn down after libtorch's statics. */
+Registry &registry()
+{
+    static Registry *r = new Registry;
+    return *r;
+}
+
+/* A read-only, seekable stream buffer over caller memory: the archive is parsed in place. */
+class MemoryBuf : public std::streambuf
+{
+  public:
+    MemoryBuf(const void *data, size_t len)
+    {
+        char *p = static_cast<char *>(const_cast<void *>(data));
+        setg(p, p, p + len);
+    }
+
+  protected:
+    pos_type seekoff(off_type off, std::ios_base::seekdir dir,
+                     std::ios_base::openmode which) override
+    {
+        if (!(which & std::ios_base::in))
+            return pos_type(off_type(-1));
+        off_type base = dir == std::ios_base::beg   ? 0
+                        : dir == std::ios_base::cur ? gptr() - eback()
+                                                    : egptr() - eback();
+        off_type target = base + off;
+        if (target < 0 || target > egptr() - eback())
+            return pos_type(off_type(-1));
+        setg(eback(), eback() + target, egptr());
+        return pos_type(target);
+    }
+
+    pos_type seekpos(pos_type pos, std::ios_base::openmode which) override
+    {
+        return seekoff(off_type(pos), std::ios_base::beg, which);
+    }
+};
+
+uint32_t le(const uint8_t *p, int n)
+{
+    uint32_t v = 0;
+    for (int i = n - 1; i >= 0; i--)
+        v = v << 8 | p[i];
+    return v;
+}
+
+/* What libtorch 1.13's archive reader needs before it is safe to call: it leaks its state when it
+ * throws from its constructor (no end-of-central-directory record, a damaged central directory,
+ * no version record), and the daemon takes archives from clients. So the ZIP directory is checked
+ * here first: "" when it looks like torch.jit.save's, else why not. ZIP64 archives (over 4 GiB)
+ * are left to libtorch. */
+std::string zip_precheck(const void *bytes, size_t len)
+{
+    const auto *p = static_cast<const uint8_t *>(bytes);
+    const size_t eocd_len = 22, max_comment = 65535, cdh_len = 46;
+    const uint8_t *eocd = nullptr;
+    if (len >= eocd_len) {
+        size_t lowest = len > eocd_len + max_comment ? len - eocd_len - max_comment : 0;
+        for (size_t i = len - eocd_len + 1; i-- > lowest;)
+            if (le(p + i, 4) == 0x06054b50) {
+                eocd = p + i;
+                break;
+            }
+    }
+    if (eocd == nullptr)
+        return "not a ZIP archive (no end-of-central-directory record: truncated?)";
+    uint32_t entries = le(eocd + 10, 2), cd_size = le(eocd + 12, 4), cd_off = le(eocd + 16, 4);
+    if (entries == 0xffff || cd_size == 0xffffffff || cd_off == 0xffffffff)
+        return "";
+    if (uint64_t(cd_off) + cd_size > uint64_t(eocd - p))
+        return "damaged ZIP central directory";
+    if (entries == 0)
+        return "the archive holds no files";
+    std::unordered_set<std::string> names;
+    std::string first;
+    size_t off = cd_off, end = size_t(cd_off) + cd_size;
+    for (uint32_t e = 0; e < entries; e++) {
+        if (off + cdh_len > end || le(p + off, 4) != 0x02014b50)
+            return "damaged ZIP central directory";
+        size_t name_len = le(p + off + 28, 2), extra = le(p + off + 30, 2);
+        size_t comment = le(p + off + 32, 2);
+        if (off + cdh_len + name_len + extra + comment > end)
+            return "damaged ZIP central directory";
+        std::string name(reinterpret_cast<const char *>(p + off + cdh_len), name_len);
+        if (e == 0)
+            first = name;
+        names.insert(std::move(name));
+        off += cdh_len + name_len + extra + comment;
+    }
+    size_t slash = first.find('/');
+    if (slash == std::string::npos)
+        return "file in archive is not in a subdirectory: " + first.substr(0, 100);
+    std::string dir = first.substr(0, slash + 1);
+    if (!names.count(dir + ".data/version") && !names.count(dir + "version"))
+        return "no version record (not written by torch.jit.save?)";
+    return "";
+}
+
+torch::jit::Module load_archive(const void *bytes, size_t len)
+{
+    std::string why = zip_precheck(bytes, len);
+    if (!why.empty())
+        throw gr::Error(GR_EINVAL, "not a loadable TorchScript archive: " + why);
+    MemoryBuf buf(bytes, len);
+    std::istream in(&buf);
+    try {
+        return torch::jit::load(in, c10::Device(c10::kCPU));
+    } catch (const std::exception &e) {
+        throw gr::Error(gr::code_of(e, GR_EINVAL),
+                        "not a loadable TorchScript archive: " + gr::message_of(e));
+    }
+}
+
+/* Parameters or buffers without duplicates (tied weights appear once, as module.parameters()). */
+template <typename List> std::vector<torch::jit::Named<at::Tensor>> unique_tensors(const List &list)
+{
+    std::vector<torch::jit::Named<at::Tensor>> out;
+    std::unordered_set<const void *> seen;
+    for (const auto &item : list)
+        if (seen.insert(item.value.unsafeGetTensorImpl()).second)
+            out.push_back(item);
+    return out;
+}
+
+} // namespace
+
+namespace gr
+{
+
+torch::jit::Module module_clone(gr_module_t *m, c10::Device device)
+{
+    std::lock_guard<std::mutex> lock(m->clone_mu);
+    /* deepcopy clones tensors; with grad mode on, parameters would come back as non-leaf
+     * results of clone(). Copy without grad, then restore requires_grad from the original. */
+    c10::NoGradGuard no_grad;
+    torch::jit::Module copy = m->module.deepcopy();
+    auto orig_params = m->module.named_parameters(true);
+    auto copy_params = copy.named_parameters(true);
+    for (auto o = orig_params.begin(), c = copy_params.begin();
+         o != orig_params.end() && c != copy_params.end(); ++o, ++c)
+        (*c).value.requires_grad_((*o).value.requires_grad());
+    auto orig_bufs = m->module.named_buffers(true);
+    auto copy_bufs = copy.named_buffers(true);
+    for (auto o = orig_bufs.begin(), c = copy_bufs.begin();
+         o != orig_bufs.end() && c != copy_bufs.end(); ++o, ++c)
+        if ((*o).value.requires_grad() && (*c).value.is_floating_point())
+            (*c).value.requires_grad_(true);
+    copy.to(device);
+    return copy;
+}
+
+} // namespace gr
+
+extern "C" int gr_module_load(const void *bytes, size_t len, gr_module_t **out)
+{
+    try {
+        if (out == nullptr)
+            return gr__set_error(GR_EINVAL, "gr_module_load: NULL out");
+        *out = nullptr;
+        if (bytes == nullptr || len == 0)
+            return gr__set_error(GR_EINVAL, "empty module archive");
+
+        uint8_t sha[GR_SHA256_LEN];
+        int rc = gr_sha256(bytes, len, sha);
+        if (rc != GR_OK)
+            return rc;
+        std::string key(reinterpret_cast<const char *>(sha), sizeof(sha));
+        Registry &reg = registry();
+        {
+            std::lock_guard<std::mutex> lock(reg.mu);
+            auto it = reg.modules.find(key);
+            if (it != reg.modules.end()) {
+                it->second->refcount++;
+                *out = it->second;
+                return GR_OK;
+            }
+        }
+
+        /* Parse outside the lock; if another thread loaded the same bytes meanwhile, use its. */
+        auto m = std::make_unique<gr_module>();
+        m->module = load_archive(bytes, len);
+        m->key = key;
+        std::memcpy(m->sha256, sha, sizeof(sha));
+        m->archive_bytes = len;
+        std::lock_guard<std::mutex> lock(reg.mu);
+        auto it = reg.modules.find(key);
+        if (it != reg.modules.end()) {
+            it->second->refcount++;
+            *out = it->second;
+            return GR_OK;
+        }
+        reg.modules.emplace(key, m.get());
+        *out = m.release();
+        return GR_OK;
+    } catch (const std::exception &e) {
+        return gr::fail_with(e, GR_EINVAL);
+    } catch (...) {
+        return gr::fail_unknown("gr_module_load");
+    }
+}
+
+extern "C" int gr_module_release(gr_module_t *m)
+{
+    try {
+        if (m == nullptr)
+            return gr__set_error(GR_EINVAL, "gr_module_release: NULL module");
+        Registry &reg = registry();
+        {
+            std::lock_guard<std::mutex> lock(reg.mu);
+            if (--m->refcount > 0)
+                return GR_OK;
+            reg.modules.erase(m->key);
+        }
+        delete m;
+        return GR_OK;
+    } catch (const std::exception &e) {
+        return gr::fail_with(e, GR_EINTERNAL);
+    } catch (...) {
+        return gr::fail_unknown("gr_module_release");
+    }
+}
+
+extern "C" int gr_module_sha256(const gr_module_t *m, uint8_t out[GR_SHA256_LEN])
+{
+    if (m == nullptr || out == nullptr)
+        return gr__set_error(GR_EINVAL, "gr_module_sha256: NULL argument");
+    std::memcpy(out, m->sha256, GR_SHA256_LEN);
+    return GR_OK;
+}
+
+extern "C" int gr_module_info(const gr_module_t *m, gr_module_info_t *out)
+{
+    try {
+        if (m == nullptr || out == nullptr)
+            return gr__set_error(GR_EINVAL, "gr_module_info: NULL argument");
+        gr_module_info_t info{};
+        std::memcpy(info.sha256, m->sha256, GR_SHA256_LEN);
+        info.archive_bytes = m->archive_bytes;
+        info.is_training = m->module.is_training() ? 1 : 0;
+        for (const auto &p : unique_tensors(m->module.named_parameters(true))) {
+            info.n_parameters++;
+            info.n_trainable += p.value.requires_grad() ? 1 : 0;
+            info.parameter_bytes += p.value.nbytes();
+        }
+        info.n_buffers =
+            static_cast<uint32_t>(unique_tensors(m->module.named_buffers(true)).size());
+        {
+            std::lock_guard<std::mutex> lock(registry().mu);
+            info.refcount = m->refcount;
+        }
+        *out = info;
+        return GR_OK;
+    } catch (const std::exception &e) {
+        return gr::fail_with(e, GR_EINTERNAL);
+    } catch (...) {
+        return gr::fail_unknown("gr_module_info");
+    }
+}
+
+extern "C" int gr_module_has_method(const gr_module_t *m, const char *name)
+{
+    try {
+        if (m == nullptr || name == nullptr)
+            return gr__set_error(GR_EINVAL, "gr_module_has_method: NULL argument");
+        return m->module.find_method(name).has_value() ? 1 : 0;
+    } catch (const std::exception &e) {
+        return gr::fail_with(e, GR_EINTERNAL);
+    } catch (...) {
+        return gr::fail_unknown("gr_module_has_method");
+    }
+}
+
+extern "C" size_t gr_module_loaded_count(void)
+{
+    try {
+        Registry &reg = registry();
+        std::lock_guard<std::mutex> lock(reg.mu);
+        return reg.modules.size();
+    } catch (...) {
+        return 0;
+    }
+}

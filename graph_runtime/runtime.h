@@ -1,0 +1,278 @@
+/*
+ * graph_runtime: the capture/replay engine. It loads TorchScript modules (content-addressed by
+ * SHA-256, shared process-wide), captures one callable or an ordered list of callables with the
+ * semantics of torch.cuda.make_graphed_callables, and replays their forward and backward over
+ * static tensors that live in caller-allocated memory (the daemon's shared regions), so a client
+ * reads outputs and grads, and writes inputs, grad-outputs and parameters, in place.
+ *
+ * Plain C11 over a C++17 libtorch shim: no C++ type or exception crosses this header. Every
+ * function that can fail returns 0 or a negative gr_err_t and keeps a message for the calling
+ * thread, read back with gr_last_error(). Modules may be loaded and released from any thread; a
+ * capture, and each graph, is used by one thread at a time (its device's worker).
+ *
+ * Capture is two-phase so the caller can place the static tensors: gr_capture_prepare() warms up
+ * and works out each callable's static block layout, the caller allocates the blocks, and
+ * gr_capture_finish() builds the static tensors over them and captures.
+ */
+#ifndef GRAPHD_RUNTIME_H
+#define GRAPHD_RUNTIME_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Errors. The daemon maps them to gRPC: EINVAL INVALID_ARGUMENT, ENOTFOUND NOT_FOUND, EPRECOND
+ * and EBUSY FAILED_PRECONDITION, EINTERNAL INTERNAL, ENOMEM RESOURCE_EXHAUSTED, EUNSUPPORTED
+ * UNIMPLEMENTED. */
+#define GR_ERR_MAP(X)                                                                              \
+    X(OK, 0, "success")                                                                            \
+    X(EINVAL, -1, "invalid argument")                                                              \
+    X(ENOTFOUND, -2, "not found")                                                                  \
+    X(EPRECOND, -3, "failed precondition")                                                         \
+    X(EINTERNAL, -4, "internal error")                                                             \
+    X(ENOMEM, -5, "out of memory")                                                                 \
+    X(EUNSUPPORTED, -6, "not supported")                                                           \
+    X(EBUSY, -7, "still in use")
+
+typedef enum {
+#define GR_ERR_ENUM(name, value, msg) GR_##name = value,
+    GR_ERR_MAP(GR_ERR_ENUM)
+#undef GR_ERR_ENUM
+} gr_err_t;
+
+/* Static text for an error code ("unknown error" for codes outside the map). */
+const char *gr_strerror(int err);
+/* "GR_EINVAL" etc.; "GR_UNKNOWN" for codes outside the map. */
+const char *gr_err_name(int err);
+/* The message of the last failing gr_ call on this thread ("" if none); successful calls leave it
+ * alone. Valid until the next gr_ call on this thread. */
+const char *gr_last_error(void);
+
+/* Optional, once per process before any other call: intra_op_threads > 0 sets libtorch's
+ * intra-op thread count, 0 leaves the default. GR_EINVAL when negative. */
+int gr_runtime_init(int intra_op_threads);
+/* The libtorch version this runtime was built against, e.g. "1.13.0". */
+const char *gr_runtime_torch_version(void);
+
+/* Element types. Values are stable (the daemon maps them to the wire); 0 is never valid. */
+#define GR_DTYPE_MAP(X)                                                                            \
+    X(F32, 1, 4, "float32")                                                                        \
+    X(F64, 2, 8, "float64")                                                                        \
+    X(F16, 3, 2, "float16")                                                                        \
+    X(BF16, 4, 2, "bfloat16")                                                                      \
+    X(I64, 5, 8, "int64")                                                                          \
+    X(I32, 6, 4, "int32")                                                                          \
+    X(I16, 7, 2, "int16")                                                                          \
+    X(I8, 8, 1, "int8")                                                                            \
+    X(U8, 9, 1, "uint8")                                                                           \
+    X(BOOL, 10, 1, "bool")
+
+typedef enum {
+    GR_DTYPE_INVALID = 0,
+#define GR_DTYPE_ENUM(name, value, size, str) GR_DTYPE_##name = value,
+    GR_DTYPE_MAP(GR_DTYPE_ENUM)
+#undef GR_DTYPE_ENUM
+} gr_dtype_t;
+
+/* Bytes per element; 0 for a value that is not a gr_dtype_t. */
+size_t gr_dtype_size(int dtype);
+/* "float32" etc. (PyTorch's names); NULL for a value that is not a gr_dtype_t. */
+const char *gr_dtype_name(int dtype);
+/* The dtype named name ("float32", ...); GR_DTYPE_INVALID when unknown. */
+gr_dtype_t gr_dtype_from_name(const char *name);
+/* 1 for F32, F64, F16, BF16 (the dtypes that may require grad), else 0. */
+int gr_dtype_is_floating(int dtype);
+
+/* Roles of the static tensors of a captured callable. */
+#define GR_ROLE_MAP(X)                                                                             \
+    X(INPUT, 0, "input")             /* a sample arg: the client writes it before FORWARD */       \
+    X(OUTPUT, 1, "output")           /* written by FORWARD */                                      \
+    X(GRAD_OUTPUT, 2, "grad_output") /* d loss / d output: the client writes it before BACKWARD */ \
+    X(GRAD_INPUT, 3, "grad_input")   /* written by BACKWARD */                                     \
+    X(PARAM, 4, "param")             /* the module's parameter: the client may update it */        \
+    X(PARAM_GRAD, 5, "param_grad")   /* written by BACKWARD */
+
+typedef enum {
+#define GR_ROLE_ENUM(name, value, str) GR_ROLE_##name = value,
+    GR_ROLE_MAP(GR_ROLE_ENUM)
+#undef GR_ROLE_ENUM
+        GR_ROLE_COUNT
+} gr_role_t;
+
+/* "input" etc.; NULL for a value that is not a gr_role_t. */
+const char *gr_role_name(int role);
+
+#define GR_MAX_DIMS 8    /* most dimensions of a static tensor */
+#define GR_ALIGN 64      /* alignment of every static tensor and of each static block */
+#define GR_DEVICE_MAX 32 /* bytes of a device name, NUL included */
+#define GR_SHA256_LEN 32
+
+/* SHA-256 of data (OpenSSL). GR_EINVAL when data is NULL with len > 0, or out is NULL. */
+int gr_sha256(const void *data, size_t len, uint8_t out[GR_SHA256_LEN]);
+
+/* ---- modules ---------------------------------------------------------------------------- */
+
+typedef struct gr_module gr_module_t;
+
+typedef struct gr_module_info {
+    uint8_t sha256[GR_SHA256_LEN];
+    uint64_t archive_bytes;   /* size of the archive it was loaded from */
+    int is_training;          /* module.training as saved */
+    uint32_t n_parameters;    /* recursive, as module.parameters() */
+    uint32_t n_trainable;     /* those with requires_grad */
+    uint32_t n_buffers;       /* recursive, as module.buffers() */
+    uint64_t parameter_bytes; /* sum over all parameters */
+    uint32_t refcount;        /* loads not yet released */
+} gr_module_info_t;
+
+/* Loads a TorchScript archive (torch.jit.save) from memory onto the CPU; the bytes are only read
+ * during the call. The same bytes loaded again return the same module with its refcount raised,
+ * without parsing. GR_EINVAL (the libtorch error in the message) when the archive does not load. */
+int gr_module_load(const void *bytes, size_t len, gr_module_t **out);
+/* Drops one reference; the last one frees the module. Graphs captured from it stay valid (they
+ * own a deep copy). GR_EINVAL for NULL. */
+int gr_module_release(gr_module_t *m);
+int gr_module_sha256(const gr_module_t *m, uint8_t out[GR_SHA256_LEN]);
+int gr_module_info(const gr_module_t *m, gr_module_info_t *out);
+/* 1 when the module has a method called name, 0 when not, GR_EINVAL for NULL arguments. */
+int gr_module_has_method(const gr_module_t *m, const char *name);
+/* Number of distinct modules loaded and not yet released (for status and leak checks). */
+size_t gr_module_loaded_count(void);
+
+/* ---- pools ------------------------------------------------------------------------------ */
+
+/* A graph memory pool on one device (upstream's graph_pool_handle()). The callables of one
+ * capture always share a pool; passing the same pool to several captures shares it further. On
+ * the CPU device a pool holds no memory: static tensors live in the caller's blocks. */
+typedef struct gr_pool gr_pool_t;
+
+/* GR_EINVAL for a malformed device, GR_EUNSUPPORTED for a device family not built in,
+ * GR_ENOTFOUND for a device index that does not exist. */
+int gr_pool_create(const char *device, gr_pool_t **out);
+/* GR_EBUSY, and nothing freed, while a capture or a graph uses the pool. */
+int gr_pool_destroy(gr_pool_t *p);
+
+/* ---- capture ---------------------------------------------------------------------------- */
+
+typedef struct gr_capture gr_capture_t;
+typedef struct gr_graph gr_graph_t;
+
+/* One sample arg: what make_graphed_callables' sample_args tensor would be. */
+typedef struct gr_arg_spec {
+    int dtype; /* gr_dtype_t */
+    uint32_t ndim;
+    int64_t shape[GR_MAX_DIMS];
+    int requires_grad; /* floating dtypes only */
+    /* [optional] the sample values, contiguous, numel * gr_dtype_size bytes. NULL: random normal
+     * for floating dtypes, zeros otherwise (the values only matter to modules with state that
+     * warm-up updates, such as BatchNorm running stats). */
+    const void *data;
+} gr_arg_spec_t;
+
+typedef struct gr_callable_spec {
+    gr_module_t *module; /* the capture clones it; the caller keeps its reference */
+    const char *method;  /* NULL: "forward" */
+    size_t n_args;
+    const gr_arg_spec_t *args;
+} gr_callable_spec_t;
+
+typedef struct gr_capture_opts {
+    int num_warmup_iters;   /* < 0: 3, upstream's default */
+    int allow_unused_input; /* 0: an input that no output depends on is an error, as upstream */
+    gr_pool_t *pool;        /* [optional] NULL: a pool private to this capture's graphs */
+} gr_capture_opts_t;
+
+/* Fills o with the defaults (3 warm-up iterations, unused inputs an error, a private pool). */
+void gr_capture_opts_init(gr_capture_opts_t *o);
+
+/* Flags of a gr_tensor_desc_t. */
+#define GR_TENSOR_REQUIRES_GRAD 0x1u /* INPUT, OUTPUT, PARAM: requires grad */
+/* GRAD_INPUT, PARAM_GRAD: autograd gave no gradient (upstream returns None: an unused input
+ * under allow_unused_input). The tensor exists and BACKWARD fills it with zeros. */
+#define GR_TENSOR_ABSENT 0x2u
+
+/* One static tensor of a callable: a contiguous tensor at base + offset of its static block.
+ *  - index: position in the callable's list for the role: INPUT, GRAD_INPUT: the sample arg;
+ *    OUTPUT, GRAD_OUTPUT: the flattened output; PARAM, PARAM_GRAD: module.parameters().
+ *    GRAD_OUTPUT exists only for outputs that require grad, GRAD_INPUT only for inputs that do,
+ *    PARAM_GRAD only for parameters that do.
+ *  - name: INPUT/GRAD_INPUT: the arg index ("0"); OUTPUT/GRAD_OUTPUT: the path in the returned
+ *    structure, outputs flattened depth-first, dict values in insertion order ("" for a bare
+ *    tensor, "1.loss" for element 1's key "loss"); PARAM/PARAM_GRAD: the parameter's name
+ *    ("0.weight"). Owned by the capture or graph it came from. */
+typedef struct gr_tensor_desc {
+    int role; /* gr_role_t */
+    uint32_t index;
+    const char *name;
+    int dtype; /* gr_dtype_t */
+    uint32_t ndim;
+    int64_t shape[GR_MAX_DIMS];
+    int64_t strides[GR_MAX_DIMS]; /* in elements; always contiguous */
+    uint64_t offset;              /* bytes from the block's base, a multiple of GR_ALIGN */
+    uint64_t nbytes;
+    uint32_t flags; /* GR_TENSOR_* */
+} gr_tensor_desc_t;
+
+/* What a capture or graph reports about one callable. */
+typedef struct gr_graph_info {
+    char device[GR_DEVICE_MAX];     /* "cpu:0" */
+    int is_training;                /* module.training at capture */
+    int has_backward;               /* some output requires grad: BACKWARD is available */
+    uint32_t counts[GR_ROLE_COUNT]; /* static tensors per role */
+    uint64_t total_bytes;           /* size of the static block */
+    uint64_t forward_replays;       /* successful replays (0 for a capture) */
+    uint64_t backward_replays;
+    uint64_t failed_replays;
+    int forward_pending; /* a FORWARD waits for its BACKWARD */
+} gr_graph_info_t;
+
+/* Phase 1. For each callable: deep-copies the module onto device ("cpu:0"), checks that buffers
+ * do not require grad, builds sample args, runs num_warmup_iters warm-up iterations (forward,
+ * then autograd.grad over the outputs that require grad w.r.t. the inputs and parameters that do)
+ * and works out the static block layout. Module errors (shape mismatch, unused input without
+ * allow_unused_input, a forward that raises) are GR_EINVAL with libtorch's message; a device
+ * family not built in is GR_EUNSUPPORTED; an unknown device index GR_ENOTFOUND. */
+int gr_capture_prepare(const char *device, size_t n, const gr_callable_spec_t *specs,
+                       const gr_capture_opts_t *opts /* [optional] */, gr_capture_t **out);
+/* Two-call pattern for callable i: with items NULL, *count gets the number of static tensors;
+ * else fills up to *count of them (in block order) and sets *count to the number filled.
+ * total_bytes gets the block size. GR_EINVAL for i out of range. */
+int gr_capture_layout(const gr_capture_t *c, size_t i, size_t *count,
+                      gr_tensor_desc_t *items /* [optional] */,
+                      uint64_t *total_bytes /* [out][optional] */);
+int gr_capture_info(const gr_capture_t *c, size_t i, gr_graph_info_t *out);
+/* Phase 2. bases[i] is callable i's static block: total_bytes, GR_ALIGN-aligned, valid until
+ * gr_graph_destroy of graphs[i]; it is zeroed, then the sample args and the current parameter
+ * values are copied in, and the module's parameters are rebound to the PARAM tensors (writes to
+ * them change what the next replay computes). Captures forwards in order and backwards in reverse
+ * order, then fills graphs[0..n-1]. c is consumed whether or not it succeeds. */
+int gr_capture_finish(gr_capture_t *c, void *const *bases, gr_graph_t **graphs /* [out] */);
+/* Frees a prepared capture that will not be finished. */
+int gr_capture_abort(gr_capture_t *c);
+
+/* ---- replay ----------------------------------------------------------------------------- */
+
+#define GR_PHASE_FORWARD 0
+#define GR_PHASE_BACKWARD 1
+
+/* FORWARD computes the method on the INPUT tensors into the OUTPUT tensors (module buffers update
+ * as in PyTorch). BACKWARD computes, from the GRAD_OUTPUT tensors, the GRAD_INPUT and PARAM_GRAD
+ * tensors of the last FORWARD. GR_EPRECOND for BACKWARD without a FORWARD since the last BACKWARD,
+ * or on a graph without backward; GR_EINTERNAL with the module's message when it throws (the graph
+ * stays usable: the next FORWARD starts afresh). elapsed_ns: time spent in the replay. */
+int gr_graph_replay(gr_graph_t *g, int phase, uint64_t *elapsed_ns /* [out][optional] */);
+/* Frees the graph; its static block is the caller's again. */
+int gr_graph_destroy(gr_graph_t *g);
+int gr_graph_info(const gr_graph_t *g, gr_graph_info_t *out);
+/* The graph's static tensors, as gr_capture_layout gave them at capture. */
+int gr_graph_layout(const gr_graph_t *g, size_t *count, gr_tensor_desc_t *items /* [optional] */,
+                    uint64_t *total_bytes /* [out][optional] */);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

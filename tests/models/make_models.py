@@ -1,0 +1,256 @@
+#!/usr/bin/env python3
+"""Writes the TorchScript archives and reference data the graph_runtime unit test uses.
+
+Usage: make_models.py OUTDIR
+
+Every model is traced or scripted here at test time (nothing binary is committed). Reference
+values go to OUTDIR/ref.txt, one vector per line: "<key> <count> <v1> ... <vcount>". The
+training references run plain eager PyTorch (MSE loss, SGD lr 0.05, 50 steps) from the same
+initial parameters the archives hold, in float32 on the CPU.
+"""
+import os
+import sys
+import zipfile
+from typing import Dict, List, Tuple
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+STEPS = 50
+LR = 0.05
+
+
+class Ref:
+    def __init__(self):
+        self.lines = []
+
+    def put(self, key, values):
+        if isinstance(values, torch.Tensor):
+            values = values.detach().reshape(-1).double().tolist()
+        values = [float(v) for v in values]
+        self.lines.append("%s %d %s" % (key, len(values), " ".join("%.17g" % v for v in values)))
+
+    def write(self, path):
+        with open(path, "w") as f:
+            f.write("\n".join(self.lines) + "\n")
+
+
+def mlp(n_in, n_hidden, n_out):
+    return nn.Sequential(nn.Linear(n_in, n_hidden), nn.GELU(), nn.Linear(n_hidden, n_hidden),
+                         nn.GELU(), nn.Linear(n_hidden, n_out))
+
+
+def save_traced(module, args, path):
+    traced = torch.jit.trace(module, args)
+    traced.save(path)
+
+
+def sgd(params):
+    with torch.no_grad():
+        for p in params:
+            p.sub_(LR * p.grad)
+            p.grad = None
+
+
+def make_mlp(out, ref):
+    """One callable: 3-layer GELU MLP trained for STEPS steps."""
+    torch.manual_seed(1234)
+    model = mlp(16, 32, 8)
+    x = torch.randn(16, 16)
+    y = torch.randn(16, 8)
+    save_traced(model, (x,), os.path.join(out, "mlp.pt"))
+    ref.put("mlp.x", x)
+    ref.put("mlp.y", y)
+    losses = []
+    for _ in range(STEPS):
+        loss = F.mse_loss(model(x), y)
+        losses.append(loss.item())
+        loss.backward()
+        sgd(model.parameters())
+    ref.put("mlp.losses", losses)
+
+
+def make_two(out, ref):
+    """Two callables sharing one pool: b(a(x)), trained end to end."""
+    torch.manual_seed(4321)
+    a = mlp(16, 24, 12)
+    b = mlp(12, 24, 8)
+    x = torch.randn(16, 16)
+    y = torch.randn(16, 8)
+    save_traced(a, (x,), os.path.join(out, "two_a.pt"))
+    save_traced(b, (torch.randn(16, 12),), os.path.join(out, "two_b.pt"))
+    ref.put("two.x", x)
+    ref.put("two.y", y)
+    losses = []
+    for _ in range(STEPS):
+        loss = F.mse_loss(b(a(x)), y)
+        losses.append(loss.item())
+        loss.backward()
+        sgd(list(a.parameters()) + list(b.parameters()))
+    ref.put("two.losses", losses)
+
+
+class Unused(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 3)
+
+    def forward(self, x, y):
+        return self.lin(x)
+
+
+class EvalNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin1 = nn.Linear(6, 8)
+        self.bn = nn.BatchNorm1d(8)
+        self.drop = nn.Dropout(0.5)
+        self.lin2 = nn.Linear(8, 3)
+
+    def forward(self, x):
+        return self.lin2(self.drop(F.relu(self.bn(self.lin1(x)))))
+
+
+class BnNet(nn.Module):
+    """BatchNorm on the input; also returns copies of the running stats (outputs without grad).
+
+    TorchScript 1.13's optimised graph reads the stats for these copies before batch_norm updates
+    them (eager mode reads them after), so the references come from the reloaded archive."""
+
+    def __init__(self):
+        super().__init__()
+        self.bn = nn.BatchNorm1d(5)
+        self.lin = nn.Linear(5, 2)
+
+    def forward(self, x) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        y = self.lin(self.bn(x))
+        return y, self.bn.running_mean.clone(), self.bn.running_var.clone()
+
+
+class BadBuffer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(3, 3)
+        self.register_buffer("scale", torch.ones(3, requires_grad=True))
+
+    def forward(self, x):
+        return self.lin(x) * self.scale
+
+
+class Multi(nn.Module):
+    """Nested outputs, flattened as (a, {b, c}, [d]); b and d need no grad."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin1 = nn.Linear(4, 3)
+        self.lin2 = nn.Linear(2, 3)
+
+    def forward(self, x, y) -> Tuple[torch.Tensor, Dict[str, torch.Tensor], List[torch.Tensor]]:
+        a = self.lin1(x)
+        b = x.detach().sum(1)
+        c = self.lin2(y) * 2.0
+        d = (x > 0).to(torch.float32)
+        return a, {"b": b, "c": c}, [d]
+
+
+class Throws(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 2)
+
+    def forward(self, x):
+        if bool(x.sum() > 1e6):
+            raise ValueError("input sum too large")
+        return self.lin(x)
+
+
+def make_misc(out, ref):
+    torch.manual_seed(99)
+    torch.jit.script(Unused()).save(os.path.join(out, "unused.pt"))
+
+    ev = EvalNet()
+    with torch.no_grad():
+        ev.bn.running_mean.uniform_(-0.5, 0.5)
+        ev.bn.running_var.uniform_(0.5, 2.0)
+    ev.eval()
+    for p in ev.parameters():
+        p.requires_grad_(False)
+    ex = torch.randn(4, 6)
+    torch.jit.script(ev).save(os.path.join(out, "eval.pt"))
+    ref.put("eval.x", ex)
+    ref.put("eval.out", ev(ex))
+
+    # BatchNorm: sample args given explicitly, 3 warm-up iterations (forward + grad), then two
+    # forward replays; the running stats must move exactly as when PyTorch runs the same
+    # TorchScript module (whose optimised graph reads the stats it returns before batch_norm
+    # updates them, unlike eager mode: the reference is the reloaded archive, not the nn.Module).
+    torch.jit.script(BnNet()).save(os.path.join(out, "bn.pt"))
+    bn = torch.jit.load(os.path.join(out, "bn.pt"))
+    x0 = torch.randn(6, 5)
+    x1 = torch.randn(6, 5) * 2 + 1
+    x2 = torch.randn(6, 5) - 3
+    for _ in range(3):
+        xs = x0.clone().requires_grad_(True)
+        outs = bn(xs)
+        torch.autograd.grad(outs[0], [xs] + list(bn.parameters()), torch.zeros_like(outs[0]))
+    ref.put("bn.x0", x0)
+    for i, xi in enumerate((x1, x2), 1):
+        y, rm, rv = bn(xi.clone().requires_grad_(True))
+        ref.put("bn.x%d" % i, xi)
+        ref.put("bn.y%d" % i, y)
+        ref.put("bn.rm%d" % i, rm)
+        ref.put("bn.rv%d" % i, rv)
+
+    torch.jit.script(BadBuffer()).save(os.path.join(out, "badbuf.pt"))
+
+    m = Multi()
+    torch.jit.script(m).save(os.path.join(out, "multi.pt"))
+    mx = torch.randn(5, 4, requires_grad=True)
+    my = torch.randn(5, 2)
+    a, bc, dl = m(mx, my)
+    ga = torch.randn_like(a)
+    gc = torch.randn_like(bc["c"])
+    grads = torch.autograd.grad([a, bc["c"]], [mx] + list(m.parameters()), [ga, gc])
+    ref.put("multi.x", mx)
+    ref.put("multi.y", my)
+    ref.put("multi.ga", ga)
+    ref.put("multi.gc", gc)
+    ref.put("multi.a", a)
+    ref.put("multi.b", bc["b"])
+    ref.put("multi.c", bc["c"])
+    ref.put("multi.d", dl[0])
+    ref.put("multi.gx", grads[0])
+    for (name, _), g in zip(m.named_parameters(), grads[1:]):
+        ref.put("multi.g." + name, g)
+
+    torch.jit.script(Throws()).save(os.path.join(out, "throws.pt"))
+
+    # A well-formed ZIP that is not a TorchScript archive.
+    with zipfile.ZipFile(os.path.join(out, "notmodel.pt"), "w") as z:
+        z.writestr("notmodel/readme.txt", "not a module\n")
+    # A TorchScript archive whose code does not compile.
+    with zipfile.ZipFile(os.path.join(out, "throws.pt")) as src, \
+            zipfile.ZipFile(os.path.join(out, "badcode.pt"), "w") as dst:
+        for info in src.infolist():
+            data = src.read(info)
+            if info.filename.endswith("code/__torch__.py"):
+                data = b"class Throws(Module):\n  def forward(self x) -> Tensor:\n    return x\n"
+            dst.writestr(info.filename, data)
+
+
+def main():
+    if len(sys.argv) != 2:
+        sys.exit("usage: make_models.py OUTDIR")
+    out = sys.argv[1]
+    os.makedirs(out, exist_ok=True)
+    torch.set_num_threads(1)
+    ref = Ref()
+    make_mlp(out, ref)
+    make_two(out, ref)
+    make_misc(out, ref)
+    ref.write(os.path.join(out, "ref.txt"))
+
+
+if __name__ == "__main__":
+    main()

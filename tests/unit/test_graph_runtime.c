@@ -1,0 +1,1016 @@
+/*
+ * Unit tests for graph_runtime (runtime.h): module loading and the registry, capture with
+ * make_graphed_callables semantics, replay over caller-owned static blocks, and the error cases.
+ *
+ * The models and the reference values are made at group setup by tests/models/make_models.py
+ * (Debian's python3-torch; GRAPHD_PYTHON overrides /usr/bin/python3, GRAPHD_SRC the source root,
+ * default the current directory) into a fresh temporary directory, removed at teardown.
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <setjmp.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "runtime.h"
+
+#define STEPS 50
+#define LR 0.05f
+#define REL_TOL 1e-5
+
+typedef struct ref_entry {
+    char *key;
+    size_t n;
+    double *v;
+} ref_entry_t;
+
+static struct {
+    char dir[64];
+    ref_entry_t *refs;
+    size_t n_refs;
+} G;
+
+/* One captured graph with its static block and layout. */
+typedef struct tgraph {
+    gr_graph_t *g;
+    uint8_t *block;
+    gr_tensor_desc_t *layout;
+    size_t count;
+    uint64_t total;
+} tgraph_t;
+
+/* ---- helpers ---------------------------------------------------------------------------- */
+
+static int run_make_models(const char *dir)
+{
+    const char *python = getenv("GRAPHD_PYTHON");
+    const char *src = getenv("GRAPHD_SRC");
+    char script[4096];
+    snprintf(script, sizeof script, "%s/tests/models/make_models.py", src ? src : ".");
+    if (python == NULL || *python == '\0')
+        python = "/usr/bin/python3";
+    pid_t pid = fork();
+    if (pid < 0)
+        return -1;
+    if (pid == 0) {
+        execl(python, python, script, dir, (char *)NULL);
+        fprintf(stderr, "exec %s: %s\n", python, strerror(errno));
+        _exit(127);
+    }
+    int status = 0;
+    if (waitpid(pid, &status, 0) < 0)
+        return -1;
+    return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : -1;
+}
+
+static void *read_file(const char *name, size_t *len)
+{
+    char path[256];
+    snprintf(path, sizeof path, "%s/%s", G.dir, name);
+    FILE *f = fopen(path, "rb");
+    if (f == NULL)
+        return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    void *buf = malloc(n > 0 ? (size_t)n : 1);
+    if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) {
+        free(buf);
+        buf = NULL;
+    }
+    fclose(f);
+    *len = (size_t)n;
+    return buf;
+}
+
+/* ref.txt: "<key> <count> <values...>" per line. */
+static int load_refs(void)
+{
+    size_t len = 0;
+    char *text = read_file("ref.txt", &len);
+    if (text == NULL)
+        return -1;
+    char *grown = realloc(text, len + 1);
+    if (grown == NULL) {
+        free(text);
+        return -1;
+    }
+    text = grown;
+    text[len] = '\0';
+    char *save = NULL;
+    for (char *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+        char *p = line, *end;
+        char *key = strsep(&p, " ");
+        size_t n = strtoul(p, &end, 10);
+        ref_entry_t e = {strdup(key), n, calloc(n ? n : 1, sizeof(double))};
+        for (size_t i = 0; i < n; i++)
+            e.v[i] = strtod(end, &end);
+        G.refs = realloc(G.refs, (G.n_refs + 1) * sizeof *G.refs);
+        G.refs[G.n_refs++] = e;
+    }
+    free(text);
+    return 0;
+}
+
+static const double *ref(const char *key, size_t expect_n)
+{
+    for (size_t i = 0; i < G.n_refs; i++)
+        if (strcmp(G.refs[i].key, key) == 0) {
+            if (expect_n)
+                assert_int_equal(G.refs[i].n, expect_n);
+            return G.refs[i].v;
+        }
+    fail_msg("no reference '%s'", key);
+    return NULL;
+}
+
+static gr_module_t *load_model(const char *name)
+{
+    size_t len = 0;
+    void *bytes = read_file(name, &len);
+    assert_non_null(bytes);
+    gr_module_t *m = NULL;
+    int rc = gr_module_load(bytes, len, &m);
+    if (rc != GR_OK)
+        fail_msg("load %s: %s: %s", name, gr_err_name(rc), gr_last_error());
+    free(bytes);
+    return m;
+}
+
+static gr_arg_spec_t f32_arg(uint32_t ndim, const int64_t *shape, int requires_grad)
+{
+    gr_arg_spec_t a;
+    memset(&a, 0, sizeof a);
+    a.dtype = GR_DTYPE_F32;
+    a.ndim = ndim;
+    memcpy(a.shape, shape, ndim * sizeof *shape);
+    a.requires_grad = requires_grad;
+    return a;
+}
+
+/* Prepares and finishes a capture of n callables into fresh 64-byte aligned blocks. */
+static int capture(size_t n, const gr_callable_spec_t *specs, const gr_capture_opts_t *opts,
+                   tgraph_t *out)
+{
+    gr_capture_t *c = NULL;
+    int rc = gr_capture_prepare("cpu:0", n, specs, opts, &c);
+    if (rc != GR_OK)
+        return rc;
+    void *bases[8];
+    gr_graph_t *graphs[8];
+    assert_true(n <= 8);
+    for (size_t i = 0; i < n; i++) {
+        memset(&out[i], 0, sizeof out[i]);
+        assert_int_equal(gr_capture_layout(c, i, &out[i].count, NULL, &out[i].total), GR_OK);
+        assert_int_equal(out[i].total % GR_ALIGN, 0);
+        out[i].block = aligned_alloc(GR_ALIGN, out[i].total ? out[i].total : GR_ALIGN);
+        memset(out[i].block, 0xa5, out[i].total); /* finish must zero it */
+        bases[i] = out[i].block;
+    }
+    rc = gr_capture_finish(c, bases, graphs);
+    if (rc != GR_OK) {
+        for (size_t i = 0; i < n; i++)
+            free(out[i].block);
+        return rc;
+    }
+    for (size_t i = 0; i < n; i++) {
+        out[i].g = graphs[i];
+        size_t count = 0;
+        assert_int_equal(gr_graph_layout(graphs[i], &count, NULL, NULL), GR_OK);
+        assert_int_equal(count, out[i].count);
+        out[i].layout = calloc(count, sizeof *out[i].layout);
+        assert_int_equal(gr_graph_layout(graphs[i], &count, out[i].layout, NULL), GR_OK);
+        assert_int_equal(count, out[i].count);
+    }
+    return GR_OK;
+}
+
+static void release(tgraph_t *t, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        assert_int_equal(gr_graph_destroy(t[i].g), GR_OK);
+        free(t[i].block);
+        free(t[i].layout);
+    }
+}
+
+static const gr_tensor_desc_t *find(const tgraph_t *t, int role, uint32_t index)
+{
+    for (size_t k = 0; k < t->count; k++)
+        if (t->layout[k].role == role && t->layout[k].index == index)
+            return &t->layout[k];
+    return NULL;
+}
+
+static size_t count_role(const tgraph_t *t, int role)
+{
+    size_t n = 0;
+    for (size_t k = 0; k < t->count; k++)
+        n += t->layout[k].role == role;
+    return n;
+}
+
+/* The static tensor at offset of t's block. */
+static void *at(const tgraph_t *t, uint64_t offset)
+{
+    return t->block + offset;
+}
+
+static float *f32(const tgraph_t *t, int role, uint32_t index)
+{
+    const gr_tensor_desc_t *d = find(t, role, index);
+    if (d == NULL)
+        fail_msg("no %s %u", gr_role_name(role), index);
+    assert_int_equal(d->dtype, GR_DTYPE_F32);
+    return at(t, d->offset);
+}
+
+static size_t numel(const gr_tensor_desc_t *d)
+{
+    size_t n = 1;
+    for (uint32_t k = 0; k < d->ndim; k++)
+        n *= (size_t)d->shape[k];
+    return n;
+}
+
+static void put(const tgraph_t *t, int role, uint32_t index, const double *v)
+{
+    float *p = f32(t, role, index);
+    size_t n = numel(find(t, role, index));
+    for (size_t i = 0; i < n; i++)
+        p[i] = (float)v[i];
+}
+
+static void assert_close(const float *got, const double *want, size_t n, double tol,
+                         const char *what)
+{
+    for (size_t i = 0; i < n; i++)
+        if (fabs(got[i] - want[i]) > tol * (1.0 + fabs(want[i])))
+            fail_msg("%s[%zu]: got %.9g, want %.9g", what, i, got[i], want[i]);
+}
+
+static void replay_ok(gr_graph_t *g, int phase)
+{
+    int rc = gr_graph_replay(g, phase, NULL);
+    if (rc != GR_OK)
+        fail_msg("replay phase %d: %s: %s", phase, gr_err_name(rc), gr_last_error());
+}
+
+/* MSE of the OUTPUT against y; writes d loss / d output into GRAD_OUTPUT. */
+static double mse_step(const tgraph_t *t, const double *y)
+{
+    const gr_tensor_desc_t *od = find(t, GR_ROLE_OUTPUT, 0);
+    const float *out = f32(t, GR_ROLE_OUTPUT, 0);
+    float *gout = f32(t, GR_ROLE_GRAD_OUTPUT, 0);
+    size_t n = numel(od);
+    double loss = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = (double)out[i] - y[i];
+        loss += d * d;
+        gout[i] = (float)(2.0 / (double)n * d);
+    }
+    return loss / (double)n;
+}
+
+static void sgd(const tgraph_t *t)
+{
+    for (size_t k = 0; k < t->count; k++) {
+        const gr_tensor_desc_t *g = &t->layout[k];
+        if (g->role != GR_ROLE_PARAM_GRAD)
+            continue;
+        float *p = f32(t, GR_ROLE_PARAM, g->index);
+        const float *gp = at(t, g->offset);
+        for (size_t i = 0; i < numel(g); i++)
+            p[i] -= LR * gp[i];
+    }
+}
+
+static void assert_rel(double got, double want, const char *what, int step)
+{
+    double rel = fabs(got - want) / fmax(fabs(want), 1e-12);
+    if (rel > REL_TOL)
+        fail_msg("%s step %d: loss %.9g, reference %.9g (rel %.3g)", what, step, got, want, rel);
+}
+
+static void assert_error(int rc, int want, const char *needle)
+{
+    if (rc != want)
+        fail_msg("got %s (%s), want %s", gr_err_name(rc), gr_last_error(), gr_err_name(want));
+    if (needle && strstr(gr_last_error(), needle) == NULL)
+        fail_msg("message '%s' lacks '%s'", gr_last_error(), needle);
+}
+
+/* ---- group setup ------------------------------------------------------------------------ */
+
+static int group_setup(void **state)
+{
+    (void)state;
+    snprintf(G.dir, sizeof G.dir, "/tmp/graphd-models-XXXXXX");
+    if (mkdtemp(G.dir) == NULL)
+        return -1;
+    if (run_make_models(G.dir) != 0) {
+        fprintf(stderr, "make_models.py failed (GRAPHD_PYTHON, GRAPHD_SRC)\n");
+        return -1;
+    }
+    return load_refs();
+}
+
+static int group_teardown(void **state)
+{
+    (void)state;
+    DIR *dir = opendir(G.dir);
+    if (dir) {
+        struct dirent *e;
+        char path[512];
+        while ((e = readdir(dir)) != NULL) {
+            if (e->d_name[0] == '.')
+                continue;
+            snprintf(path, sizeof path, "%s/%s", G.dir, e->d_name);
+            unlink(path);
+        }
+        closedir(dir);
+        rmdir(G.dir);
+    }
+    for (size_t i = 0; i < G.n_refs; i++) {
+        free(G.refs[i].key);
+        free(G.refs[i].v);
+    }
+    free(G.refs);
+    return 0;
+}
+
+/* ---- tests ------------------------------------------------------------------------------ */
+
+static void test_sha256_known_vectors(void **state)
+{
+    (void)state;
+    static const uint8_t abc[32] = {0xba, 0x78, 0x16, 0xbf, 0x8f, 0x01, 0xcf, 0xea,
+                                    0x41, 0x41, 0x40, 0xde, 0x5d, 0xae, 0x22, 0x23,
+                                    0xb0, 0x03, 0x61, 0xa3, 0x96, 0x17, 0x7a, 0x9c,
+                                    0xb4, 0x10, 0xff, 0x61, 0xf2, 0x00, 0x15, 0xad};
+    static const uint8_t empty[32] = {0xe3, 0xb0, 0xc4, 0x42, 0x98, 0xfc, 0x1c, 0x14,
+                                      0x9a, 0xfb, 0xf4, 0xc8, 0x99, 0x6f, 0xb9, 0x24,
+                                      0x27, 0xae, 0x41, 0xe4, 0x64, 0x9b, 0x93, 0x4c,
+                                      0xa4, 0x95, 0x99, 0x1b, 0x78, 0x52, 0xb8, 0x55};
+    uint8_t out[32];
+    assert_int_equal(gr_sha256("abc", 3, out), GR_OK);
+    assert_memory_equal(out, abc, 32);
+    assert_int_equal(gr_sha256(NULL, 0, out), GR_OK);
+    assert_memory_equal(out, empty, 32);
+    assert_error(gr_sha256(NULL, 3, out), GR_EINVAL, NULL);
+}
+
+static void test_tables(void **state)
+{
+    (void)state;
+    assert_string_equal(gr_err_name(GR_EPRECOND), "GR_EPRECOND");
+    assert_string_equal(gr_strerror(GR_OK), "success");
+    assert_string_equal(gr_err_name(-999), "GR_UNKNOWN");
+    assert_int_equal(gr_dtype_size(GR_DTYPE_BF16), 2);
+    assert_int_equal(gr_dtype_size(GR_DTYPE_I64), 8);
+    assert_int_equal(gr_dtype_size(0), 0);
+    assert_string_equal(gr_dtype_name(GR_DTYPE_BOOL), "bool");
+    assert_null(gr_dtype_name(77));
+    assert_int_equal(gr_dtype_from_name("float16"), GR_DTYPE_F16);
+    assert_int_equal(gr_dtype_from_name("complex64"), GR_DTYPE_INVALID);
+    assert_string_equal(gr_role_name(GR_ROLE_PARAM_GRAD), "param_grad");
+    assert_int_equal(gr_runtime_init(0), GR_OK);
+    assert_error(gr_runtime_init(-2), GR_EINVAL, NULL);
+    assert_non_null(gr_runtime_torch_version());
+}
+
+static void test_bad_archive(void **state)
+{
+    (void)state;
+    gr_module_t *m = (gr_module_t *)1;
+    const char garbage[] = "this is not a zip archive at all";
+    assert_error(gr_module_load(garbage, sizeof garbage, &m), GR_EINVAL, "TorchScript archive");
+    assert_null(m);
+    assert_non_null(strstr(gr_last_error(), "not a ZIP archive"));
+
+    size_t len = 0;
+    uint8_t *bytes = read_file("mlp.pt", &len);
+    assert_error(gr_module_load(bytes, len / 2, &m), GR_EINVAL, "truncated");
+    free(bytes);
+    /* A well-formed ZIP that is not a TorchScript archive. */
+    bytes = read_file("notmodel.pt", &len);
+    assert_error(gr_module_load(bytes, len, &m), GR_EINVAL, "no version record");
+    free(bytes);
+    /* A TorchScript archive whose code is damaged: libtorch's own error, on one line. */
+    bytes = read_file("badcode.pt", &len);
+    assert_error(gr_module_load(bytes, len, &m), GR_EINVAL, "not a loadable TorchScript archive: ");
+    assert_true(strlen(gr_last_error()) < 500);
+    assert_null(strchr(gr_last_error(), '\n'));
+    assert_null(strstr(gr_last_error(), "Could this error message be improved"));
+    free(bytes);
+    assert_error(gr_module_load(NULL, 0, &m), GR_EINVAL, NULL);
+    assert_int_equal(gr_module_loaded_count(), 0);
+}
+
+static void test_same_bytes_same_module(void **state)
+{
+    (void)state;
+    size_t len = 0;
+    void *bytes = read_file("mlp.pt", &len);
+    size_t before = gr_module_loaded_count();
+    gr_module_t *a = NULL, *b = NULL;
+    assert_int_equal(gr_module_load(bytes, len, &a), GR_OK);
+    assert_int_equal(gr_module_load(bytes, len, &b), GR_OK);
+    assert_ptr_equal(a, b);
+    assert_int_equal(gr_module_loaded_count(), before + 1);
+
+    gr_module_info_t info;
+    assert_int_equal(gr_module_info(a, &info), GR_OK);
+    assert_int_equal(info.refcount, 2);
+    assert_int_equal(info.n_parameters, 6);
+    assert_int_equal(info.n_trainable, 6);
+    assert_int_equal(info.n_buffers, 0);
+    assert_int_equal(info.is_training, 1);
+    assert_int_equal(info.archive_bytes, len);
+    assert_int_equal(info.parameter_bytes, (16 * 32 + 32 + 32 * 32 + 32 + 32 * 8 + 8) * 4);
+    uint8_t sha[32], want[32];
+    assert_int_equal(gr_module_sha256(a, sha), GR_OK);
+    gr_sha256(bytes, len, want);
+    assert_memory_equal(sha, want, 32);
+    assert_int_equal(memcmp(info.sha256, want, 32), 0);
+    assert_int_equal(gr_module_has_method(a, "forward"), 1);
+    assert_int_equal(gr_module_has_method(a, "backward_not_here"), 0);
+
+    assert_int_equal(gr_module_release(a), GR_OK);
+    assert_int_equal(gr_module_loaded_count(), before + 1);
+    assert_int_equal(gr_module_release(b), GR_OK);
+    assert_int_equal(gr_module_loaded_count(), before);
+    free(bytes);
+}
+
+static void test_mlp_training_parity(void **state)
+{
+    (void)state;
+    gr_module_t *m = load_model("mlp.pt");
+    const int64_t xs[2] = {16, 16};
+    gr_arg_spec_t arg = f32_arg(2, xs, 0);
+    gr_callable_spec_t spec = {m, NULL, 1, &arg};
+    tgraph_t t;
+    assert_int_equal(capture(1, &spec, NULL, &t), GR_OK);
+
+    assert_int_equal(count_role(&t, GR_ROLE_INPUT), 1);
+    assert_int_equal(count_role(&t, GR_ROLE_OUTPUT), 1);
+    assert_int_equal(count_role(&t, GR_ROLE_GRAD_OUTPUT), 1);
+    assert_int_equal(count_role(&t, GR_ROLE_GRAD_INPUT), 0); /* the input needs no grad */
+    assert_int_equal(count_role(&t, GR_ROLE_PARAM), 6);
+    assert_int_equal(count_role(&t, GR_ROLE_PARAM_GRAD), 6);
+    const gr_tensor_desc_t *w0 = find(&t, GR_ROLE_PARAM, 0);
+    assert_string_equal(w0->name, "0.weight");
+    assert_int_equal(w0->ndim, 2);
+    assert_int_equal(w0->shape[0], 32);
+    assert_int_equal(w0->shape[1], 16);
+    assert_int_equal(w0->strides[0], 16);
+    assert_int_equal(w0->strides[1], 1);
+    assert_true(w0->flags & GR_TENSOR_REQUIRES_GRAD);
+    assert_string_equal(find(&t, GR_ROLE_PARAM_GRAD, 5)->name, "4.bias");
+    const gr_tensor_desc_t *od = find(&t, GR_ROLE_OUTPUT, 0);
+    assert_int_equal(od->shape[0], 16);
+    assert_int_equal(od->shape[1], 8);
+    assert_true(od->flags & GR_TENSOR_REQUIRES_GRAD);
+    for (size_t k = 0; k < t.count; k++) {
+        assert_int_equal(t.layout[k].offset % GR_ALIGN, 0);
+        assert_true(t.layout[k].offset + t.layout[k].nbytes <= t.total);
+        if (k > 0)
+            assert_true(t.layout[k].offset >= t.layout[k - 1].offset + t.layout[k - 1].nbytes);
+    }
+    gr_graph_info_t info;
+    assert_int_equal(gr_graph_info(t.g, &info), GR_OK);
+    assert_string_equal(info.device, "cpu:0");
+    assert_int_equal(info.is_training, 1);
+    assert_int_equal(info.has_backward, 1);
+    assert_int_equal(info.counts[GR_ROLE_PARAM], 6);
+    assert_int_equal(info.total_bytes, t.total);
+
+    const double *x = ref("mlp.x", 256), *y = ref("mlp.y", 128);
+    const double *losses = ref("mlp.losses", STEPS);
+    for (int step = 0; step < STEPS; step++) {
+        put(&t, GR_ROLE_INPUT, 0, x);
+        uint64_t ns = 0;
+        assert_int_equal(gr_graph_replay(t.g, GR_PHASE_FORWARD, &ns), GR_OK);
+        assert_true(ns > 0);
+        double loss = mse_step(&t, y);
+        replay_ok(t.g, GR_PHASE_BACKWARD);
+        sgd(&t);
+        assert_rel(loss, losses[step], "mlp", step);
+    }
+    assert_int_equal(gr_graph_info(t.g, &info), GR_OK);
+    assert_int_equal(info.forward_replays, STEPS);
+    assert_int_equal(info.backward_replays, STEPS);
+    assert_int_equal(info.failed_replays, 0);
+    release(&t, 1);
+    gr_module_release(m);
+}
+
+static void test_two_callables_parity(void **state)
+{
+    (void)state;
+    gr_module_t *ma = load_model("two_a.pt"), *mb = load_model("two_b.pt");
+    const int64_t xa[2] = {16, 16}, xb[2] = {16, 12};
+    gr_arg_spec_t arg_a = f32_arg(2, xa, 0), arg_b = f32_arg(2, xb, 1);
+    gr_callable_spec_t specs[2] = {{ma, "forward", 1, &arg_a}, {mb, NULL, 1, &arg_b}};
+    gr_pool_t *pool = NULL;
+    assert_int_equal(gr_pool_create("cpu", &pool), GR_OK);
+    gr_capture_opts_t opts;
+    gr_capture_opts_init(&opts);
+    opts.pool = pool;
+    tgraph_t t[2];
+    assert_int_equal(capture(2, specs, &opts, t), GR_OK);
+    assert_error(gr_pool_destroy(pool), GR_EBUSY, NULL);
+    assert_int_equal(count_role(&t[0], GR_ROLE_GRAD_INPUT), 0);
+    assert_int_equal(count_role(&t[1], GR_ROLE_GRAD_INPUT), 1);
+
+    const double *x = ref("two.x", 256), *y = ref("two.y", 128);
+    const double *losses = ref("two.losses", STEPS);
+    size_t n_mid = numel(find(&t[0], GR_ROLE_OUTPUT, 0));
+    assert_int_equal(n_mid, 16 * 12);
+    for (int step = 0; step < STEPS; step++) {
+        put(&t[0], GR_ROLE_INPUT, 0, x);
+        replay_ok(t[0].g, GR_PHASE_FORWARD);
+        memcpy(f32(&t[1], GR_ROLE_INPUT, 0), f32(&t[0], GR_ROLE_OUTPUT, 0), n_mid * 4);
+        replay_ok(t[1].g, GR_PHASE_FORWARD);
+        double loss = mse_step(&t[1], y);
+        replay_ok(t[1].g, GR_PHASE_BACKWARD);
+        memcpy(f32(&t[0], GR_ROLE_GRAD_OUTPUT, 0), f32(&t[1], GR_ROLE_GRAD_INPUT, 0), n_mid * 4);
+        replay_ok(t[0].g, GR_PHASE_BACKWARD);
+        sgd(&t[0]);
+        sgd(&t[1]);
+        assert_rel(loss, losses[step], "two", step);
+    }
+    release(t, 2);
+    assert_int_equal(gr_pool_destroy(pool), GR_OK);
+    gr_module_release(ma);
+    gr_module_release(mb);
+}
+
+static void test_unused_input_rejected(void **state)
+{
+    (void)state;
+    gr_module_t *m = load_model("unused.pt");
+    const int64_t s[2] = {2, 4};
+    gr_arg_spec_t args[2] = {f32_arg(2, s, 1), f32_arg(2, s, 1)};
+    gr_callable_spec_t spec = {m, NULL, 2, args};
+    gr_capture_t *c = (gr_capture_t *)1;
+    assert_error(gr_capture_prepare("cpu:0", 1, &spec, NULL, &c), GR_EINVAL,
+                 "appears to not have been used in the graph");
+    assert_null(c);
+    /* Without warm-up the probe still catches it. */
+    gr_capture_opts_t opts;
+    gr_capture_opts_init(&opts);
+    opts.num_warmup_iters = 0;
+    assert_error(gr_capture_prepare("cpu:0", 1, &spec, &opts, &c), GR_EINVAL, "allow_unused=True");
+    gr_module_release(m);
+}
+
+static void test_unused_input_allowed(void **state)
+{
+    (void)state;
+    gr_module_t *m = load_model("unused.pt");
+    const int64_t s[2] = {2, 4};
+    gr_arg_spec_t args[2] = {f32_arg(2, s, 1), f32_arg(2, s, 1)};
+    gr_callable_spec_t spec = {m, NULL, 2, args};
+    gr_capture_opts_t opts;
+    gr_capture_opts_init(&opts);
+    opts.allow_unused_input = 1;
+    tgraph_t t;
+    assert_int_equal(capture(1, &spec, &opts, &t), GR_OK);
+    assert_int_equal(count_role(&t, GR_ROLE_GRAD_INPUT), 2);
+    assert_false(find(&t, GR_ROLE_GRAD_INPUT, 0)->flags & GR_TENSOR_ABSENT);
+    assert_true(find(&t, GR_ROLE_GRAD_INPUT, 1)->flags & GR_TENSOR_ABSENT);
+
+    float *x = f32(&t, GR_ROLE_INPUT, 0), *gx = f32(&t, GR_ROLE_GRAD_INPUT, 0);
+    float *gy = f32(&t, GR_ROLE_GRAD_INPUT, 1), *gout = f32(&t, GR_ROLE_GRAD_OUTPUT, 0);
+    const float *w = f32(&t, GR_ROLE_PARAM, 0); /* lin.weight [3, 4] */
+    for (int i = 0; i < 8; i++) {
+        x[i] = (float)i * 0.25f;
+        gy[i] = 7.0f;
+    }
+    replay_ok(t.g, GR_PHASE_FORWARD);
+    for (int i = 0; i < 6; i++)
+        gout[i] = 1.0f;
+    replay_ok(t.g, GR_PHASE_BACKWARD);
+    for (int r = 0; r < 2; r++)
+        for (int k = 0; k < 4; k++) {
+            float want = w[0 * 4 + k] + w[1 * 4 + k] + w[2 * 4 + k];
+            assert_float_equal(gx[r * 4 + k], want, 1e-5);
+            assert_float_equal(gy[r * 4 + k], 0.0f, 0.0f); /* absent: zero-filled */
+        }
+    release(&t, 1);
+    gr_module_release(m);
+}
+
+static void test_eval_mode(void **state)
+{
+    (void)state;
+    gr_module_t *m = load_model("eval.pt");
+    gr_module_info_t mi;
+    assert_int_equal(gr_module_info(m, &mi), GR_OK);
+    assert_int_equal(mi.is_training, 0);
+    assert_int_equal(mi.n_trainable, 0);
+    assert_int_equal(mi.n_buffers, 3);
+    const int64_t s[2] = {4, 6};
+    gr_arg_spec_t arg = f32_arg(2, s, 0);
+    gr_callable_spec_t spec = {m, NULL, 1, &arg};
+    tgraph_t t;
+    assert_int_equal(capture(1, &spec, NULL, &t), GR_OK);
+    gr_graph_info_t info;
+    assert_int_equal(gr_graph_info(t.g, &info), GR_OK);
+    assert_int_equal(info.is_training, 0);
+    assert_int_equal(info.has_backward, 0);
+    assert_int_equal(info.counts[GR_ROLE_GRAD_OUTPUT], 0);
+    assert_int_equal(info.counts[GR_ROLE_PARAM_GRAD], 0);
+    assert_int_equal(info.counts[GR_ROLE_PARAM], 6);
+    assert_false(find(&t, GR_ROLE_OUTPUT, 0)->flags & GR_TENSOR_REQUIRES_GRAD);
+
+    for (int rep = 0; rep < 2; rep++) { /* dropout off, running stats fixed */
+        put(&t, GR_ROLE_INPUT, 0, ref("eval.x", 24));
+        replay_ok(t.g, GR_PHASE_FORWARD);
+        assert_close(f32(&t, GR_ROLE_OUTPUT, 0), ref("eval.out", 12), 12, 1e-5, "eval.out");
+    }
+    assert_error(gr_graph_replay(t.g, GR_PHASE_BACKWARD, NULL), GR_EPRECOND, "no backward");
+    replay_ok(t.g, GR_PHASE_FORWARD);
+    release(&t, 1);
+    gr_module_release(m);
+}
+
+static void test_batchnorm_buffers(void **state)
+{
+    (void)state;
+    gr_module_t *m = load_model("bn.pt");
+    const int64_t s[2] = {6, 5};
+    float x0[30];
+    const double *rx0 = ref("bn.x0", 30);
+    for (int i = 0; i < 30; i++)
+        x0[i] = (float)rx0[i];
+    gr_arg_spec_t arg = f32_arg(2, s, 1);
+    arg.data = x0; /* warm-up updates the running stats with these values, as upstream */
+    gr_callable_spec_t spec = {m, NULL, 1, &arg};
+    tgraph_t t;
+    assert_int_equal(capture(1, &spec, NULL, &t), GR_OK);
+    assert_int_equal(count_role(&t, GR_ROLE_OUTPUT), 3);
+    assert_int_equal(count_role(&t, GR_ROLE_GRAD_OUTPUT), 1);
+    assert_true(find(&t, GR_ROLE_OUTPUT, 0)->flags & GR_TENSOR_REQUIRES_GRAD);
+    assert_false(find(&t, GR_ROLE_OUTPUT, 1)->flags & GR_TENSOR_REQUIRES_GRAD);
+    assert_string_equal(find(&t, GR_ROLE_OUTPUT, 2)->name, "2");
+    /* The INPUT holds the sample values after capture, as upstream's static inputs do. */
+    assert_close(f32(&t, GR_ROLE_INPUT, 0), rx0, 30, 0, "bn.input");
+
+    const char *steps[2][4] = {{"bn.x1", "bn.y1", "bn.rm1", "bn.rv1"},
+                               {"bn.x2", "bn.y2", "bn.rm2", "bn.rv2"}};
+    for (int k = 0; k < 2; k++) {
+        put(&t, GR_ROLE_INPUT, 0, ref(steps[k][0], 30));
+        replay_ok(t.g, GR_PHASE_FORWARD);
+        assert_close(f32(&t, GR_ROLE_OUTPUT, 0), ref(steps[k][1], 12), 12, 1e-5, steps[k][1]);
+        assert_close(f32(&t, GR_ROLE_OUTPUT, 1), ref(steps[k][2], 5), 5, 1e-5, steps[k][2]);
+        assert_close(f32(&t, GR_ROLE_OUTPUT, 2), ref(steps[k][3], 5), 5, 1e-5, steps[k][3]);
+        replay_ok(t.g, GR_PHASE_BACKWARD);
+    }
+    release(&t, 1);
+    gr_module_release(m);
+}
+
+static void test_buffer_requiring_grad_rejected(void **state)
+{
+    (void)state;
+    gr_module_t *m = load_model("badbuf.pt");
+    const int64_t s[2] = {2, 3};
+    gr_arg_spec_t arg = f32_arg(2, s, 0);
+    gr_callable_spec_t spec = {m, NULL, 1, &arg};
+    gr_capture_t *c = NULL;
+    assert_error(gr_capture_prepare("cpu:0", 1, &spec, NULL, &c), GR_EINVAL,
+                 "All buffers must have ``requires_grad=False``");
+    assert_non_null(strstr(gr_last_error(), "scale"));
+    gr_module_release(m);
+}
+
+static void test_multiple_outputs(void **state)
+{
+    (void)state;
+    gr_module_t *m = load_model("multi.pt");
+    const int64_t sx[2] = {5, 4}, sy[2] = {5, 2};
+    gr_arg_spec_t args[2] = {f32_arg(2, sx, 1), f32_arg(2, sy, 0)};
+    gr_callable_spec_t spec = {m, NULL, 2, args};
+    tgraph_t t;
+    assert_int_equal(capture(1, &spec, NULL, &t), GR_OK);
+
+    const char *names[4] = {"0", "1.b", "1.c", "2.0"};
+    const int rg[4] = {1, 0, 1, 0};
+    assert_int_equal(count_role(&t, GR_ROLE_OUTPUT), 4);
+    for (uint32_t i = 0; i < 4; i++) {
+        const gr_tensor_desc_t *d = find(&t, GR_ROLE_OUTPUT, i);
+        assert_string_equal(d->name, names[i]);
+        assert_int_equal((d->flags & GR_TENSOR_REQUIRES_GRAD) != 0, rg[i]);
+        assert_int_equal(find(&t, GR_ROLE_GRAD_OUTPUT, i) != NULL, rg[i]);
+    }
+    assert_int_equal(count_role(&t, GR_ROLE_GRAD_INPUT), 1); /* y needs no grad */
+    assert_non_null(find(&t, GR_ROLE_GRAD_INPUT, 0));
+    assert_int_equal(count_role(&t, GR_ROLE_PARAM_GRAD), 4);
+
+    put(&t, GR_ROLE_INPUT, 0, ref("multi.x", 20));
+    put(&t, GR_ROLE_INPUT, 1, ref("multi.y", 10));
+    replay_ok(t.g, GR_PHASE_FORWARD);
+    assert_close(f32(&t, GR_ROLE_OUTPUT, 0), ref("multi.a", 15), 15, 1e-5, "a");
+    assert_close(f32(&t, GR_ROLE_OUTPUT, 1), ref("multi.b", 5), 5, 1e-5, "b");
+    assert_close(f32(&t, GR_ROLE_OUTPUT, 2), ref("multi.c", 15), 15, 1e-5, "c");
+    assert_close(f32(&t, GR_ROLE_OUTPUT, 3), ref("multi.d", 20), 20, 0, "d");
+    put(&t, GR_ROLE_GRAD_OUTPUT, 0, ref("multi.ga", 15));
+    put(&t, GR_ROLE_GRAD_OUTPUT, 2, ref("multi.gc", 15));
+    replay_ok(t.g, GR_PHASE_BACKWARD);
+    assert_close(f32(&t, GR_ROLE_GRAD_INPUT, 0), ref("multi.gx", 20), 20, 1e-5, "gx");
+    for (size_t k = 0; k < t.count; k++) {
+        const gr_tensor_desc_t *d = &t.layout[k];
+        if (d->role != GR_ROLE_PARAM_GRAD)
+            continue;
+        char key[128];
+        snprintf(key, sizeof key, "multi.g.%s", d->name);
+        assert_close(at(&t, d->offset), ref(key, numel(d)), numel(d), 1e-5, key);
+    }
+    release(&t, 1);
+    gr_module_release(m);
+}
+
+static void test_params_updated_in_place(void **state)
+{
+    (void)state;
+    gr_module_t *m = load_model("mlp.pt");
+    const int64_t xs[2] = {16, 16};
+    gr_arg_spec_t arg = f32_arg(2, xs, 0);
+    gr_callable_spec_t spec = {m, NULL, 1, &arg};
+    gr_capture_opts_t opts;
+    gr_capture_opts_init(&opts);
+    opts.num_warmup_iters = 0;
+    tgraph_t t;
+    assert_int_equal(capture(1, &spec, &opts, &t), GR_OK);
+    /* The graph's own copy outlives the caller's reference. */
+    size_t loaded = gr_module_loaded_count();
+    assert_int_equal(gr_module_release(m), GR_OK);
+    assert_int_equal(gr_module_loaded_count(), loaded - 1);
+
+    /* Zero the last layer's weight and set its bias: the output must be the bias everywhere. */
+    const gr_tensor_desc_t *w = find(&t, GR_ROLE_PARAM, 4), *b = find(&t, GR_ROLE_PARAM, 5);
+    assert_string_equal(w->name, "4.weight");
+    memset(t.block + w->offset, 0, w->nbytes);
+    float *bias = f32(&t, GR_ROLE_PARAM, 5);
+    for (int j = 0; j < 8; j++)
+        bias[j] = (float)j + 0.5f;
+    replay_ok(t.g, GR_PHASE_FORWARD);
+    const float *out = f32(&t, GR_ROLE_OUTPUT, 0);
+    for (int r = 0; r < 16; r++)
+        for (int j = 0; j < 8; j++)
+            assert_float_equal(out[r * 8 + j], (float)j + 0.5f, 0);
+    assert_int_equal(b->nbytes, 8 * 4);
+    release(&t, 1);
+}
+
+static void test_shape_mismatch(void **state)
+{
+    (void)state;
+    gr_module_t *m = load_model("mlp.pt");
+    const int64_t xs[2] = {4, 3};
+    gr_arg_spec_t arg = f32_arg(2, xs, 0);
+    gr_callable_spec_t spec = {m, NULL, 1, &arg};
+    gr_capture_t *c = NULL;
+    assert_error(gr_capture_prepare("cpu:0", 1, &spec, NULL, &c), GR_EINVAL,
+                 "mat1 and mat2 shapes cannot be multiplied");
+    assert_null(strchr(gr_last_error(), '\n'));
+    gr_module_release(m);
+}
+
+static void test_backward_before_forward(void **state)
+{
+    (void)state;
+    gr_module_t *m = load_model("mlp.pt");
+    const int64_t xs[2] = {16, 16};
+    gr_arg_spec_t arg = f32_arg(2, xs, 1);
+    gr_callable_spec_t spec = {m, NULL, 1, &arg};
+    tgraph_t t;
+    assert_int_equal(capture(1, &spec, NULL, &t), GR_OK);
+    assert_int_equal(count_role(&t, GR_ROLE_GRAD_INPUT), 1);
+    assert_error(gr_graph_replay(t.g, GR_PHASE_BACKWARD, NULL), GR_EPRECOND, "FORWARD");
+    replay_ok(t.g, GR_PHASE_FORWARD);
+    replay_ok(t.g, GR_PHASE_BACKWARD);
+    assert_error(gr_graph_replay(t.g, GR_PHASE_BACKWARD, NULL), GR_EPRECOND, NULL);
+    assert_error(gr_graph_replay(t.g, 2, NULL), GR_EINVAL, NULL);
+    assert_error(gr_graph_replay(NULL, GR_PHASE_FORWARD, NULL), GR_EINVAL, NULL);
+    release(&t, 1);
+    gr_module_release(m);
+}
+
+static void test_throwing_forward(void **state)
+{
+    (void)state;
+    gr_module_t *m = load_model("throws.pt");
+    const int64_t xs[2] = {2, 4};
+    gr_arg_spec_t arg = f32_arg(2, xs, 1);
+    gr_callable_spec_t spec = {m, NULL, 1, &arg};
+    tgraph_t t;
+    assert_int_equal(capture(1, &spec, NULL, &t), GR_OK);
+    float *x = f32(&t, GR_ROLE_INPUT, 0);
+    for (int i = 0; i < 8; i++)
+        x[i] = 1e7f;
+    assert_error(gr_graph_replay(t.g, GR_PHASE_FORWARD, NULL), GR_EINTERNAL, "input sum too large");
+    assert_error(gr_graph_replay(t.g, GR_PHASE_BACKWARD, NULL), GR_EPRECOND, NULL);
+    for (int i = 0; i < 8; i++)
+        x[i] = 0.5f;
+    replay_ok(t.g, GR_PHASE_FORWARD);
+    replay_ok(t.g, GR_PHASE_BACKWARD);
+    gr_graph_info_t info;
+    assert_int_equal(gr_graph_info(t.g, &info), GR_OK);
+    assert_int_equal(info.failed_replays, 1);
+    assert_int_equal(info.forward_replays, 1);
+    assert_int_equal(info.backward_replays, 1);
+    release(&t, 1);
+    gr_module_release(m);
+}
+
+static void test_bad_capture_arguments(void **state)
+{
+    (void)state;
+    gr_module_t *m = load_model("mlp.pt");
+    const int64_t xs[2] = {16, 16};
+    gr_arg_spec_t arg = f32_arg(2, xs, 0);
+    gr_callable_spec_t spec = {m, NULL, 1, &arg};
+    gr_capture_t *c = NULL;
+
+    assert_error(gr_capture_prepare("cuda:0", 1, &spec, NULL, &c), GR_EUNSUPPORTED, "cuda");
+    assert_error(gr_capture_prepare("cpu:1", 1, &spec, NULL, &c), GR_ENOTFOUND, NULL);
+    assert_error(gr_capture_prepare("tpu:0", 1, &spec, NULL, &c), GR_EINVAL, NULL);
+    assert_error(gr_capture_prepare("cpu:x", 1, &spec, NULL, &c), GR_EINVAL, NULL);
+    assert_error(gr_capture_prepare("cpu:0", 0, &spec, NULL, &c), GR_EINVAL, NULL);
+    assert_error(gr_capture_prepare("cpu:0", 1, &spec, NULL, NULL), GR_EINVAL, NULL);
+
+    gr_callable_spec_t bad = spec;
+    bad.method = "nope";
+    assert_error(gr_capture_prepare("cpu:0", 1, &bad, NULL, &c), GR_EINVAL, "no method 'nope'");
+    bad = spec;
+    bad.module = NULL;
+    assert_error(gr_capture_prepare("cpu:0", 1, &bad, NULL, &c), GR_EINVAL, "callable 0");
+
+    gr_arg_spec_t a = arg;
+    bad = spec;
+    bad.args = &a;
+    a.dtype = 99;
+    assert_error(gr_capture_prepare("cpu:0", 1, &bad, NULL, &c), GR_EINVAL, "dtype 99");
+    a = arg;
+    a.dtype = GR_DTYPE_I64;
+    a.requires_grad = 1;
+    assert_error(gr_capture_prepare("cpu:0", 1, &bad, NULL, &c), GR_EINVAL, "floating-point");
+    a = arg;
+    a.ndim = GR_MAX_DIMS + 1;
+    assert_error(gr_capture_prepare("cpu:0", 1, &bad, NULL, &c), GR_EINVAL, "dimensions");
+    a = arg;
+    a.shape[0] = -1;
+    assert_error(gr_capture_prepare("cpu:0", 1, &bad, NULL, &c), GR_EINVAL, "negative");
+    a = arg;
+    a.dtype = GR_DTYPE_F64; /* the module is float32 */
+    assert_error(gr_capture_prepare("cpu:0", 1, &bad, NULL, &c), GR_EINVAL, "callable 0");
+    a = arg;
+    bad.n_args = 2;
+    gr_arg_spec_t two[2] = {arg, arg};
+    bad.args = two;
+    assert_error(gr_capture_prepare("cpu:0", 1, &bad, NULL, &c), GR_EINVAL, "argument");
+
+    gr_pool_t *pool = NULL;
+    assert_error(gr_pool_create("cuda:0", &pool), GR_EUNSUPPORTED, NULL);
+
+    /* A misaligned block: the capture is consumed and nothing leaks. */
+    assert_int_equal(gr_capture_prepare("cpu:0", 1, &spec, NULL, &c), GR_OK);
+    size_t count = 0, small = 2;
+    uint64_t total = 0;
+    assert_int_equal(gr_capture_layout(c, 0, &count, NULL, &total), GR_OK);
+    assert_int_equal(count, 1 + 1 + 1 + 6 + 6);
+    gr_tensor_desc_t two_items[2];
+    assert_int_equal(gr_capture_layout(c, 0, &small, two_items, NULL), GR_OK);
+    assert_int_equal(small, 2);
+    assert_int_equal(two_items[1].role, GR_ROLE_OUTPUT);
+    assert_error(gr_capture_layout(c, 1, &count, NULL, NULL), GR_EINVAL, NULL);
+    gr_graph_info_t info;
+    assert_int_equal(gr_capture_info(c, 0, &info), GR_OK);
+    assert_int_equal(info.total_bytes, total);
+    assert_int_equal(info.forward_replays, 0);
+    uint8_t *block = aligned_alloc(GR_ALIGN, total + GR_ALIGN);
+    void *base = block + 8;
+    gr_graph_t *g = NULL;
+    assert_error(gr_capture_finish(c, &base, &g), GR_EINVAL, "aligned");
+    assert_null(g);
+    free(block);
+
+    assert_int_equal(gr_capture_prepare("cpu:0", 1, &spec, NULL, &c), GR_OK);
+    assert_int_equal(gr_capture_abort(c), GR_OK);
+    assert_error(gr_capture_abort(NULL), GR_EINVAL, NULL);
+    gr_module_release(m);
+}
+
+typedef struct worker {
+    const void *bytes;
+    size_t len;
+    gr_module_t *module;
+    int rc;
+    char msg[256];
+} worker_t;
+
+/* What a device worker does: load, capture, replay, destroy, release. */
+static void *worker_main(void *arg)
+{
+    worker_t *w = arg;
+    const int64_t xs[2] = {16, 16};
+    gr_arg_spec_t a = f32_arg(2, xs, 1);
+    gr_capture_opts_t opts;
+    gr_capture_opts_init(&opts);
+    opts.num_warmup_iters = 1;
+    gr_capture_t *c = NULL;
+    gr_graph_t *g = NULL;
+    uint64_t total = 0;
+    size_t count = 0;
+    void *block = NULL;
+    if ((w->rc = gr_module_load(w->bytes, w->len, &w->module)) != GR_OK)
+        goto out;
+    gr_callable_spec_t spec = {w->module, NULL, 1, &a};
+    if ((w->rc = gr_capture_prepare("cpu:0", 1, &spec, &opts, &c)) != GR_OK)
+        goto out;
+    gr_capture_layout(c, 0, &count, NULL, &total);
+    block = aligned_alloc(GR_ALIGN, total);
+    if ((w->rc = gr_capture_finish(c, &block, &g)) != GR_OK)
+        goto out;
+    for (int i = 0; i < 5 && w->rc == GR_OK; i++) {
+        w->rc = gr_graph_replay(g, GR_PHASE_FORWARD, NULL);
+        if (w->rc == GR_OK)
+            w->rc = gr_graph_replay(g, GR_PHASE_BACKWARD, NULL);
+    }
+    gr_graph_destroy(g);
+out:
+    if (w->rc != GR_OK)
+        snprintf(w->msg, sizeof w->msg, "%s", gr_last_error());
+    free(block);
+    return NULL;
+}
+
+static void test_concurrent_workers(void **state)
+{
+    (void)state;
+    size_t len = 0;
+    void *bytes = read_file("mlp.pt", &len);
+    size_t before = gr_module_loaded_count();
+    worker_t w[4];
+    pthread_t th[4];
+    for (int i = 0; i < 4; i++) {
+        memset(&w[i], 0, sizeof w[i]);
+        w[i].bytes = bytes;
+        w[i].len = len;
+        assert_int_equal(pthread_create(&th[i], NULL, worker_main, &w[i]), 0);
+    }
+    for (int i = 0; i < 4; i++)
+        pthread_join(th[i], NULL);
+    for (int i = 0; i < 4; i++) {
+        if (w[i].rc != GR_OK)
+            fail_msg("worker %d: %s: %s", i, gr_err_name(w[i].rc), w[i].msg);
+        assert_ptr_equal(w[i].module, w[0].module);
+    }
+    gr_module_info_t info;
+    assert_int_equal(gr_module_info(w[0].module, &info), GR_OK);
+    assert_int_equal(info.refcount, 4);
+    assert_int_equal(gr_module_loaded_count(), before + 1);
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(gr_module_release(w[i].module), GR_OK);
+    assert_int_equal(gr_module_loaded_count(), before);
+    free(bytes);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_sha256_known_vectors),
+        cmocka_unit_test(test_tables),
+        cmocka_unit_test(test_bad_archive),
+        cmocka_unit_test(test_same_bytes_same_module),
+        cmocka_unit_test(test_mlp_training_parity),
+        cmocka_unit_test(test_two_callables_parity),
+        cmocka_unit_test(test_unused_input_rejected),
+        cmocka_unit_test(test_unused_input_allowed),
+        cmocka_unit_test(test_eval_mode),
+        cmocka_unit_test(test_batchnorm_buffers),
+        cmocka_unit_test(test_buffer_requiring_grad_rejected),
+        cmocka_unit_test(test_multiple_outputs),
+        cmocka_unit_test(test_params_updated_in_place),
+        cmocka_unit_test(test_shape_mismatch),
+        cmocka_unit_test(test_backward_before_forward),
+        cmocka_unit_test(test_throwing_forward),
+        cmocka_unit_test(test_bad_capture_arguments),
+        cmocka_unit_test(test_concurrent_workers),
+    };
+    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
