@@ -7,8 +7,11 @@
 #define GD_DAEMON_H
 
 #include "config.h"
+#include "graphd_frame.h"
 #include "pool.h"
 #include "rpc.h"
+#include "stats.h"
+#include "worker.h"
 
 #include <stdbool.h>
 #include <stdint.h>
@@ -29,6 +32,10 @@ typedef struct gd_device {
 } gd_device_t;
 
 typedef struct gd_conn gd_conn_t;
+typedef struct gd_wire gd_wire_t;
+typedef struct gd_graph gd_graph_t;
+typedef struct gd_module gd_module_t;
+typedef struct gd_gpool gd_gpool_t;
 
 typedef struct gd_session {
     uint64_t id;
@@ -42,6 +49,8 @@ typedef struct gd_session {
     uint64_t created_unix_ms;
     uint64_t created_mono_ms;
     gd_conn_t *conn; /* the attached session-socket connection, or NULL */
+    uint32_t graphs, modules;
+    uint64_t replays;
     struct gd_session *next;
 } gd_session_t;
 
@@ -56,7 +65,13 @@ typedef struct gd_daemon {
     gd_rpc_t *rpc;
 
     gd_device_t devices[GD_MAX_DEVICES];
-    size_t ndevices;
+    gd_worker_t workers[GD_MAX_DEVICES]; /* workers[i] runs devices[i] */
+    size_t ndevices, nworkers;
+
+    gd_graph_t *graphs;   /* every live graph */
+    gd_module_t *modules; /* every session's module handles */
+    gd_gpool_t *gpools;   /* runtime state of pools that have held graphs */
+    uint64_t next_graph_id, next_module_id;
 
     gd_session_t *sessions;
     uint32_t nsessions;
@@ -79,6 +94,32 @@ typedef struct gd_daemon {
 
 uint64_t gd_now_unix_ms(void);
 uint64_t gd_now_mono_ms(void);
+uint64_t gd_now_ns(void);
+
+/* wire.c: the write side of a session-socket connection, shared with device workers. */
+gd_wire_t *gd_wire_create(int sock);
+void gd_wire_ref(gd_wire_t *w);
+void gd_wire_unref(gd_wire_t *w);
+/* Closes the socket; later sends fail quietly. */
+void gd_wire_close(gd_wire_t *w);
+/* Sends one frame, its message text and optionally a descriptor. 0, or -1 when the peer is gone or
+ * does not read. Safe from any thread. */
+int gd_wire_send(gd_wire_t *w, const graphd_frame_t *f, const char *msg, int pass_fd);
+
+/* graphs.c: modules, captures, graphs and replays. */
+int gd_graphs_start(gd_daemon_t *d);
+/* Stops the workers (after running what they hold) and frees the runtime state. */
+void gd_graphs_stop(gd_daemon_t *d);
+/* Releases a session's graphs and modules (their regions go with the session's). */
+void gd_graphs_session_ended(gd_daemon_t *d, gd_session_t *s);
+/* A REPLAY frame from an attached session; the reply goes out on wire. */
+void gd_replay_frame(gd_daemon_t *d, gd_session_t *s, gd_wire_t *wire, const graphd_frame_t *f);
+/* Whether a pool holds graphs (it cannot be deleted then), and forgetting a deleted pool. */
+void gd_graphs_pool_deleted(gd_daemon_t *d, const char *pool);
+/* Status sections for graphs and per-pool graph figures (graphd.pb-c.h types; see graphs.c). */
+struct Graphd__V1__StatusReply;
+void gd_graphs_status(gd_daemon_t *d, struct Graphd__V1__StatusReply *rep);
+void gd_graphs_status_free(struct Graphd__V1__StatusReply *rep);
 
 /* devices.c */
 void gd_devices_discover(gd_daemon_t *d);
@@ -104,6 +145,17 @@ void gd_socket_permissions(const gd_daemon_t *d, const char *path);
 /* handlers.c */
 extern const gd_method_t gd_methods[];
 extern const size_t gd_methods_count;
+/* Finds the caller's session; on failure finishes the call and returns NULL. */
+struct Graphd__V1__SessionRef;
+gd_session_t *gd_session_of(gd_daemon_t *d, gd_call_t *call,
+                            const struct Graphd__V1__SessionRef *ref);
+
+/* graphs.c handlers */
+void gd_rpc_register_module(void *ctx, gd_call_t *call, const ProtobufCMessage *req);
+void gd_rpc_release_module(void *ctx, gd_call_t *call, const ProtobufCMessage *req);
+void gd_rpc_capture(void *ctx, gd_call_t *call, const ProtobufCMessage *req);
+void gd_rpc_replay(void *ctx, gd_call_t *call, const ProtobufCMessage *req);
+void gd_rpc_release_graph(void *ctx, gd_call_t *call, const ProtobufCMessage *req);
 /* Maps a pool_manager error to a gRPC status. */
 int gd_status_from_pm(int pm_err);
 

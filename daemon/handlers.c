@@ -37,7 +37,7 @@ int gd_status_from_pm(int err)
 }
 
 /* Finds the caller's session; on failure finishes the call and returns NULL. */
-static gd_session_t *session_of(gd_daemon_t *d, gd_call_t *call, const Graphd__V1__SessionRef *ref)
+gd_session_t *gd_session_of(gd_daemon_t *d, gd_call_t *call, const Graphd__V1__SessionRef *ref)
 {
     if (ref == NULL || ref->id == 0) {
         gd_call_fail(call, GD_INVALID_ARGUMENT, "session is required (call Hello first)");
@@ -170,7 +170,7 @@ static void goodbye(void *ctx, gd_call_t *call, const ProtobufCMessage *msg)
 {
     gd_daemon_t *d = ctx;
     const Graphd__V1__GoodbyeRequest *req = (const void *)msg;
-    gd_session_t *s = session_of(d, call, req->session);
+    gd_session_t *s = gd_session_of(d, call, req->session);
     if (s == NULL)
         return;
     gd_session_end(d, s, "goodbye");
@@ -239,6 +239,7 @@ static void delete_pool(void *ctx, gd_call_t *call, const ProtobufCMessage *msg)
         gd_call_fail(call, gd_status_from_pm(rc), "cannot delete pool: %s", pm_strerror(rc));
         return;
     }
+    gd_graphs_pool_deleted(d, req->name);
     gd_info("pool %s deleted", req->name);
     Graphd__V1__DeletePoolReply rep = GRAPHD__V1__DELETE_POOL_REPLY__INIT;
     gd_call_reply(call, &rep.base);
@@ -258,7 +259,7 @@ static void alloc_region(void *ctx, gd_call_t *call, const ProtobufCMessage *msg
 {
     gd_daemon_t *d = ctx;
     const Graphd__V1__AllocRegionRequest *req = (const void *)msg;
-    gd_session_t *s = session_of(d, call, req->session);
+    gd_session_t *s = gd_session_of(d, call, req->session);
     if (s == NULL)
         return;
     if (!s->attached) {
@@ -314,7 +315,7 @@ static void free_region(void *ctx, gd_call_t *call, const ProtobufCMessage *msg)
 {
     gd_daemon_t *d = ctx;
     const Graphd__V1__FreeRegionRequest *req = (const void *)msg;
-    gd_session_t *s = session_of(d, call, req->session);
+    gd_session_t *s = gd_session_of(d, call, req->session);
     if (s == NULL)
         return;
     int rc = pm_region_free(d->pools, req->region_id, s->id);
@@ -391,7 +392,9 @@ static void status(void *ctx, gd_call_t *call, const ProtobufCMessage *msg)
         rep.sessions = sl;
         rep.n_sessions = i;
     }
+    gd_graphs_status(d, &rep);
     gd_call_reply(call, &rep.base);
+    gd_graphs_status_free(&rep);
     free(ss);
     free(sl);
     free_pools(rep.pools, rep.n_pools);
@@ -409,5 +412,10 @@ const gd_method_t gd_methods[] = {
     METHOD("AllocRegion", alloc_region_request, alloc_region),
     METHOD("FreeRegion", free_region_request, free_region),
     METHOD("Status", status_request, status),
+    METHOD("RegisterModule", register_module_request, gd_rpc_register_module),
+    METHOD("ReleaseModule", release_module_request, gd_rpc_release_module),
+    METHOD("Capture", capture_request, gd_rpc_capture),
+    METHOD("Replay", replay_request, gd_rpc_replay),
+    METHOD("ReleaseGraph", release_graph_request, gd_rpc_release_graph),
 };
 const size_t gd_methods_count = sizeof gd_methods / sizeof gd_methods[0];

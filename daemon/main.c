@@ -124,6 +124,7 @@ static void on_rpc_idle(void *ctx)
     uv_timer_stop(&d->grace);
     gd_sessions_end_all(d);
     gd_sessions_close_listener(d);
+    gd_graphs_stop(d);
     gd_rpc_destroy(d->rpc);
     d->rpc = NULL;
     if (strncmp(d->cfg.listen, "unix:", 5) == 0)
@@ -190,6 +191,8 @@ static int start(gd_daemon_t *d)
     gd_devices_discover(d);
     for (size_t i = 0; i < d->ndevices; i++)
         gd_info("device %s: %s", d->devices[i].id, d->devices[i].name);
+    if (gd_graphs_start(d) != 0)
+        return -1;
     if (d->cfg.default_pool[0]) {
         int rc = pm_pool_create(d->pools, d->cfg.default_pool, "cpu:0",
                                 d->cfg.default_pool_limit, NULL);

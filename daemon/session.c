@@ -13,7 +13,6 @@
 
 #include <errno.h>
 #include <grp.h>
-#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,12 +23,12 @@
 #include <unistd.h>
 
 #define CONN_BUF (GRAPHD_FRAME_SIZE * 64)
-#define SEND_TIMEOUT_MS 1000
 
 struct gd_conn {
     uv_pipe_t pipe;
     gd_daemon_t *d;
     gd_session_t *session;
+    gd_wire_t *wire;
     uint8_t buf[CONN_BUF];
     size_t len;
     bool closing;
@@ -47,66 +46,9 @@ static int conn_fd(gd_conn_t *c)
     return fd;
 }
 
-/* Writes one reply frame (plus message text, plus an fd when fd >= 0). 0, or -1 (logged) when
- * the peer is gone or does not read. */
 static int conn_send(gd_conn_t *c, const graphd_frame_t *f, const char *msg, int fd)
 {
-    uint8_t head[GRAPHD_FRAME_SIZE];
-    graphd_frame_t out = *f;
-    size_t mlen = msg ? strnlen(msg, GRAPHD_FRAME_MAX_MSG) : 0;
-    out.msg_len = (uint32_t)mlen;
-    graphd_frame_encode(&out, head);
-    struct iovec iov[2] = {{head, sizeof head}, {(void *)msg, mlen}};
-    union {
-        struct cmsghdr align;
-        char buf[CMSG_SPACE(sizeof(int))];
-    } ctl;
-    struct msghdr mh = {.msg_iov = iov, .msg_iovlen = mlen ? 2 : 1};
-    if (fd >= 0) {
-        memset(&ctl, 0, sizeof ctl);
-        mh.msg_control = ctl.buf;
-        mh.msg_controllen = sizeof ctl.buf;
-        struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
-        cm->cmsg_level = SOL_SOCKET;
-        cm->cmsg_type = SCM_RIGHTS;
-        cm->cmsg_len = CMSG_LEN(sizeof(int));
-        memcpy(CMSG_DATA(cm), &fd, sizeof fd);
-    }
-    int sock = conn_fd(c);
-    size_t total = sizeof head + mlen, sent = 0;
-    while (sent < total) {
-        ssize_t n = sendmsg(sock, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-            struct pollfd p = {sock, POLLOUT, 0};
-            if (poll(&p, 1, SEND_TIMEOUT_MS) == 1)
-                continue;
-            gd_warn("session %llu: peer does not read its replies; dropping it",
-                    c->session ? (unsigned long long)c->session->id : 0ull);
-            return -1;
-        }
-        if (n < 0) {
-            gd_debug("session socket: sendmsg: %s", strerror(errno));
-            return -1;
-        }
-        sent += (size_t)n;
-        /* Ancillary data went with the first byte; resend only what is left. */
-        mh.msg_control = NULL;
-        mh.msg_controllen = 0;
-        while (n > 0 && mh.msg_iovlen > 0) {
-            if ((size_t)n >= mh.msg_iov[0].iov_len) {
-                n -= (ssize_t)mh.msg_iov[0].iov_len;
-                mh.msg_iov++;
-                mh.msg_iovlen--;
-            } else {
-                mh.msg_iov[0].iov_base = (char *)mh.msg_iov[0].iov_base + n;
-                mh.msg_iov[0].iov_len -= (size_t)n;
-                n = 0;
-            }
-        }
-    }
-    return 0;
+    return gd_wire_send(c->wire, f, msg, fd);
 }
 
 static int reply(gd_conn_t *c, const graphd_frame_t *req, int status, uint64_t arg,
@@ -221,6 +163,9 @@ static bool on_frame(gd_conn_t *c, const uint8_t *bytes)
     case GRAPHD_FRAME_MAP:
         on_map(c, &f);
         break;
+    case GRAPHD_FRAME_REPLAY:
+        gd_replay_frame(c->d, c->session, c->wire, &f);
+        break;
     default:
         snprintf(msg, sizeof msg, "unknown frame type 0x%04x", f.type);
         protocol_error(c, f.seq, msg);
@@ -245,7 +190,12 @@ static void on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf)
     gd_conn_t *c = stream->data;
     if (nread < 0) {
         if (c->len != 0 && nread == UV_EOF) {
-            gd_warn("session socket: connection closed in the middle of a frame");
+            /* The peer may have shut down only its write side: tell it why it is dropped. */
+            char msg[96];
+            snprintf(msg, sizeof msg, "truncated frame: %zu of %d bytes, then EOF", c->len,
+                     GRAPHD_FRAME_SIZE);
+            protocol_error(c, 0, msg);
+            return;
         } else if (nread != UV_EOF) {
             gd_debug("session socket: read: %s", uv_strerror((int)nread));
         }
@@ -265,7 +215,9 @@ static void on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf)
 
 static void on_conn_closed(uv_handle_t *h)
 {
-    free(h->data);
+    gd_conn_t *c = h->data;
+    gd_wire_unref(c->wire);
+    free(c);
 }
 
 static void conn_close(gd_conn_t *c)
@@ -281,6 +233,8 @@ static void conn_close(gd_conn_t *c)
     if (c->next)
         c->next->prev = c->prev;
     uv_read_stop((uv_stream_t *)&c->pipe);
+    if (c->wire)
+        gd_wire_close(c->wire);
     uv_close((uv_handle_t *)&c->pipe, on_conn_closed);
     gd_session_t *s = c->session;
     c->session = NULL;
@@ -306,6 +260,11 @@ static void on_connection(uv_stream_t *server, int status)
     uv_pipe_init(d->loop, &c->pipe, 0);
     c->pipe.data = c;
     if (uv_accept(server, (uv_stream_t *)&c->pipe) != 0) {
+        uv_close((uv_handle_t *)&c->pipe, on_conn_closed);
+        return;
+    }
+    c->wire = gd_wire_create(conn_fd(c));
+    if (c->wire == NULL) {
         uv_close((uv_handle_t *)&c->pipe, on_conn_closed);
         return;
     }
@@ -442,6 +401,7 @@ void gd_session_end(gd_daemon_t *d, gd_session_t *s, const char *why)
         return;
     *pp = s->next;
     d->nsessions--;
+    gd_graphs_session_ended(d, s);
     pm_usage_t freed = {0, 0};
     pm_reclaim_owner(d->pools, s->id, &freed);
     gd_info("session %llu (%s) ended: %s; reclaimed %u regions, %llu bytes",

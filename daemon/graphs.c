@@ -1,0 +1,1201 @@
+/*
+ * Modules, captures, graphs and replays: the daemon's side of graph_runtime.
+ *
+ * The loop thread owns the tables (modules, graphs, runtime pools) and every
+ * region. Device work runs on the device's worker: captures in two steps
+ * (prepare on the worker; allocate the static regions on the loop, where the
+ * pool limits live; finish on the worker), replays one job each. A replay
+ * that came in on the session socket is answered by the worker itself through
+ * the connection's wire; one that came through gRPC goes back to the loop.
+ *
+ * A graph maps its region a second time, privately: when its session ends the
+ * region leaves the pool at once (status shows it gone), while the graph's own
+ * mapping stays valid until the worker, after any replay still queued, has
+ * destroyed the graph.
+ */
+#include "daemon.h"
+#include "graphd.pb-c.h"
+#include "log.h"
+#include "runtime.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#define MAX_CALLABLES 64
+#define MAX_ARGS 256
+#define MAX_WARMUP 1000
+
+struct gd_module {
+    uint64_t id;
+    uint64_t session;
+    gr_module_t *m;
+    char name[GD_NAME_MAX + 1];
+    uint8_t sha256[GR_SHA256_LEN];
+    int training;
+    int refs; /* the session's handle, plus captures in flight */
+    bool released;
+    gd_module_t *next;
+};
+
+struct gd_gpool {
+    char name[PM_NAME_MAX + 1];
+    gd_worker_t *worker;
+    gr_pool_t *gp; /* created by the worker at the first capture */
+    uint32_t graphs;
+    bool deleted;
+    gd_hist_t latency;
+    gd_gpool_t *next;
+};
+
+struct gd_graph {
+    uint64_t id;
+    uint64_t session;
+    gd_gpool_t *pool;
+    gd_worker_t *worker;
+    gr_graph_t *g;
+    void *base; /* the graph's own mapping of its region */
+    size_t map_len;
+    uint64_t region_id;
+    uint64_t region_bytes;
+    char module[GD_NAME_MAX + 1];
+    bool training;
+    atomic_uint_fast64_t replays_forward, replays_backward, replay_errors;
+    gd_hist_t latency;
+    gd_graph_t *next;
+};
+
+static int status_from_gr(int err)
+{
+    switch (err) {
+    case GR_OK:
+        return GD_OK;
+    case GR_EINVAL:
+        return GD_INVALID_ARGUMENT;
+    case GR_ENOTFOUND:
+        return GD_NOT_FOUND;
+    case GR_EPRECOND:
+    case GR_EBUSY:
+        return GD_FAILED_PRECONDITION;
+    case GR_ENOMEM:
+        return GD_RESOURCE_EXHAUSTED;
+    case GR_EUNSUPPORTED:
+        return GD_UNIMPLEMENTED;
+    default:
+        return GD_INTERNAL;
+    }
+}
+
+static gd_worker_t *worker_for(gd_daemon_t *d, const char *device)
+{
+    for (size_t i = 0; i < d->nworkers; i++)
+        if (strcmp(d->workers[i].device, device) == 0)
+            return &d->workers[i];
+    return NULL;
+}
+
+/* ---- start and stop ---------------------------------------------------- */
+
+int gd_graphs_start(gd_daemon_t *d)
+{
+    if (gr_runtime_init((int)d->cfg.intra_op_threads) != GR_OK) {
+        gd_error("graph runtime: %s", gr_last_error());
+        return -1;
+    }
+    gd_info("graph runtime: libtorch %s", gr_runtime_torch_version());
+    for (size_t i = 0; i < d->ndevices; i++) {
+        if (gd_worker_start(&d->workers[i], d->loop, d->devices[i].id) != 0)
+            return -1;
+        d->nworkers++;
+    }
+    return 0;
+}
+
+static void module_unref(gd_daemon_t *d, gd_module_t *m)
+{
+    if (--m->refs > 0)
+        return;
+    gd_module_t **pp = &d->modules;
+    while (*pp && *pp != m)
+        pp = &(*pp)->next;
+    if (*pp)
+        *pp = m->next;
+    gr_module_release(m->m);
+    free(m);
+}
+
+void gd_graphs_stop(gd_daemon_t *d)
+{
+    for (size_t i = 0; i < d->nworkers; i++)
+        gd_worker_stop(&d->workers[i]);
+    d->nworkers = 0;
+    while (d->gpools) {
+        gd_gpool_t *p = d->gpools;
+        d->gpools = p->next;
+        if (p->gp && gr_pool_destroy(p->gp) != GR_OK)
+            gd_warn("pool %s: %s", p->name, gr_last_error());
+        free(p);
+    }
+    while (d->modules) {
+        gd_module_t *m = d->modules;
+        d->modules = m->next;
+        gr_module_release(m->m);
+        free(m);
+    }
+}
+
+static gd_gpool_t *gpool_get(gd_daemon_t *d, const char *name, gd_worker_t *w)
+{
+    for (gd_gpool_t *p = d->gpools; p; p = p->next)
+        if (strcmp(p->name, name) == 0 && !p->deleted)
+            return p;
+    gd_gpool_t *p = calloc(1, sizeof *p);
+    if (p == NULL)
+        return NULL;
+    snprintf(p->name, sizeof p->name, "%s", name);
+    p->worker = w;
+    p->next = d->gpools;
+    d->gpools = p;
+    return p;
+}
+
+static gd_gpool_t *gpool_find(gd_daemon_t *d, const char *name)
+{
+    for (gd_gpool_t *p = d->gpools; p; p = p->next)
+        if (strcmp(p->name, name) == 0 && !p->deleted)
+            return p;
+    return NULL;
+}
+
+/* Frees a deleted pool's runtime state once no graph uses it; on its worker, since a device
+ * family may need its context to free graph memory. */
+typedef struct {
+    gd_job_t job;
+    gd_daemon_t *d;
+    gd_gpool_t *pool;
+} gpool_job_t;
+
+static void gpool_destroy_run(gd_job_t *job)
+{
+    gpool_job_t *j = (gpool_job_t *)job;
+    if (j->pool->gp && gr_pool_destroy(j->pool->gp) != GR_OK)
+        gd_warn("pool %s: %s", j->pool->name, gr_last_error());
+    j->pool->gp = NULL;
+}
+
+static void gpool_destroy_done(gd_job_t *job)
+{
+    gpool_job_t *j = (gpool_job_t *)job;
+    gd_gpool_t **pp = &j->d->gpools;
+    while (*pp && *pp != j->pool)
+        pp = &(*pp)->next;
+    if (*pp)
+        *pp = j->pool->next;
+    free(j->pool);
+    free(j);
+}
+
+static void gpool_maybe_free(gd_daemon_t *d, gd_gpool_t *p)
+{
+    if (!p->deleted || p->graphs > 0)
+        return;
+    gpool_job_t *j = calloc(1, sizeof *j);
+    if (j == NULL)
+        return; /* freed at exit instead */
+    j->job.run = gpool_destroy_run;
+    j->job.done = gpool_destroy_done;
+    j->d = d;
+    j->pool = p;
+    gd_worker_submit(p->worker, &j->job);
+}
+
+void gd_graphs_pool_deleted(gd_daemon_t *d, const char *pool)
+{
+    gd_gpool_t *p = gpool_find(d, pool);
+    if (p) {
+        p->deleted = true;
+        gpool_maybe_free(d, p);
+    }
+}
+
+/* ---- graph lifetime ---------------------------------------------------- */
+
+typedef struct {
+    gd_job_t job;
+    gd_daemon_t *d;
+    gd_graph_t *graph;
+} graph_job_t;
+
+static void graph_destroy_run(gd_job_t *job)
+{
+    graph_job_t *j = (graph_job_t *)job;
+    if (j->graph->g)
+        gr_graph_destroy(j->graph->g);
+    j->graph->g = NULL;
+}
+
+static void graph_destroy_done(gd_job_t *job)
+{
+    graph_job_t *j = (graph_job_t *)job;
+    gd_graph_t *g = j->graph;
+    if (g->base)
+        munmap(g->base, g->map_len);
+    g->pool->graphs--;
+    gpool_maybe_free(j->d, g->pool);
+    free(g);
+    free(j);
+}
+
+/* Unlinks a graph and destroys it on its worker, after whatever it still has queued. The region
+ * is the caller's business: freed here when free_region, else reclaimed with the session. */
+static void graph_release(gd_daemon_t *d, gd_graph_t *g, bool free_region)
+{
+    gd_graph_t **pp = &d->graphs;
+    while (*pp && *pp != g)
+        pp = &(*pp)->next;
+    if (*pp)
+        *pp = g->next;
+    gd_session_t *s = gd_session_find(d, g->session);
+    if (s)
+        s->graphs--;
+    if (free_region)
+        pm_region_free(d->pools, g->region_id, g->session);
+    graph_job_t *j = calloc(1, sizeof *j);
+    if (j == NULL) {
+        gd_error("out of memory releasing graph %llu; it stays allocated",
+                 (unsigned long long)g->id);
+        return;
+    }
+    j->job.run = graph_destroy_run;
+    j->job.done = graph_destroy_done;
+    j->d = d;
+    j->graph = g;
+    gd_worker_submit(g->worker, &j->job);
+}
+
+static gd_graph_t *graph_find(gd_daemon_t *d, uint64_t id)
+{
+    for (gd_graph_t *g = d->graphs; g; g = g->next)
+        if (g->id == id)
+            return g;
+    return NULL;
+}
+
+void gd_graphs_session_ended(gd_daemon_t *d, gd_session_t *s)
+{
+    gd_graph_t *g = d->graphs;
+    while (g) {
+        gd_graph_t *next = g->next;
+        if (g->session == s->id)
+            graph_release(d, g, false);
+        g = next;
+    }
+    gd_module_t *m = d->modules;
+    while (m) {
+        gd_module_t *next = m->next;
+        if (m->session == s->id && !m->released) {
+            m->released = true;
+            module_unref(d, m);
+        }
+        m = next;
+    }
+}
+
+/* ---- modules ----------------------------------------------------------- */
+
+typedef struct {
+    uv_work_t work;
+    gd_daemon_t *d;
+    gd_call_t *call;
+    uint64_t session;
+    char name[GD_NAME_MAX + 1];
+    const void *bytes;
+    size_t len;
+    void *map; /* a private mapping of the source region, or NULL for inline bytes */
+    size_t map_len;
+    uint8_t expect[GR_SHA256_LEN];
+    bool check_sha;
+    int rc;
+    char msg[1024];
+    gr_module_t *m;
+    gr_module_info_t info;
+} load_op_t;
+
+static void load_run(uv_work_t *w)
+{
+    load_op_t *op = w->data;
+    op->rc = gr_module_load(op->bytes, op->len, &op->m);
+    if (op->rc != GR_OK) {
+        snprintf(op->msg, sizeof op->msg, "%s", gr_last_error());
+        return;
+    }
+    gr_module_info(op->m, &op->info);
+}
+
+static void load_done(uv_work_t *w, int status)
+{
+    (void)status;
+    load_op_t *op = w->data;
+    gd_daemon_t *d = op->d;
+    if (op->map)
+        munmap(op->map, op->map_len);
+    if (op->rc != GR_OK) {
+        gd_call_fail(op->call, status_from_gr(op->rc), "module does not load: %s", op->msg);
+        free(op);
+        return;
+    }
+    if (op->check_sha && memcmp(op->expect, op->info.sha256, GR_SHA256_LEN) != 0) {
+        gr_module_release(op->m);
+        gd_call_fail(op->call, GD_INVALID_ARGUMENT,
+                     "module bytes do not match the expected SHA-256 (corrupt or changed)");
+        free(op);
+        return;
+    }
+    gd_session_t *s = gd_session_find(d, op->session);
+    gd_module_t *m = s ? calloc(1, sizeof *m) : NULL;
+    if (m == NULL) {
+        gr_module_release(op->m);
+        gd_call_fail(op->call, s ? GD_INTERNAL : GD_NOT_FOUND,
+                     s ? "out of memory" : "the session ended during the load");
+        free(op);
+        return;
+    }
+    m->id = ++d->next_module_id;
+    m->session = op->session;
+    m->m = op->m;
+    m->refs = 1;
+    m->training = op->info.is_training;
+    memcpy(m->sha256, op->info.sha256, GR_SHA256_LEN);
+    if (op->name[0])
+        snprintf(m->name, sizeof m->name, "%s", op->name);
+    else
+        snprintf(m->name, sizeof m->name, "sha256:%02x%02x%02x%02x%02x%02x", m->sha256[0],
+                 m->sha256[1], m->sha256[2], m->sha256[3], m->sha256[4], m->sha256[5]);
+    m->next = d->modules;
+    d->modules = m;
+    s->modules++;
+    gd_info("session %llu: module %llu (%s) loaded%s", (unsigned long long)s->id,
+            (unsigned long long)m->id, m->name, op->info.refcount > 1 ? " (reused)" : "");
+    Graphd__V1__RegisterModuleReply rep = GRAPHD__V1__REGISTER_MODULE_REPLY__INIT;
+    rep.module_id = m->id;
+    rep.sha256.data = m->sha256;
+    rep.sha256.len = GR_SHA256_LEN;
+    rep.reused = op->info.refcount > 1;
+    rep.training = m->training != 0;
+    gd_call_reply(op->call, &rep.base);
+    free(op);
+}
+
+void gd_rpc_register_module(void *ctx, gd_call_t *call, const ProtobufCMessage *msg)
+{
+    gd_daemon_t *d = ctx;
+    const Graphd__V1__RegisterModuleRequest *req = (const void *)msg;
+    gd_session_t *s = gd_session_of(d, call, req->session);
+    if (s == NULL)
+        return;
+    if (req->format != GRAPHD__V1__MODULE_FORMAT__MODULE_FORMAT_UNSPECIFIED &&
+        req->format != GRAPHD__V1__MODULE_FORMAT__MODULE_FORMAT_TORCHSCRIPT) {
+        gd_call_fail(call, GD_INVALID_ARGUMENT, "unknown module format %d", (int)req->format);
+        return;
+    }
+    if (req->sha256.len != 0 && req->sha256.len != GR_SHA256_LEN) {
+        gd_call_fail(call, GD_INVALID_ARGUMENT, "sha256 must be 32 bytes, not %zu",
+                     req->sha256.len);
+        return;
+    }
+    if (strlen(req->name) > GD_NAME_MAX) {
+        gd_call_fail(call, GD_INVALID_ARGUMENT, "module name is longer than %d bytes",
+                     GD_NAME_MAX);
+        return;
+    }
+    load_op_t *op = calloc(1, sizeof *op);
+    if (op == NULL) {
+        gd_call_fail(call, GD_INTERNAL, "out of memory");
+        return;
+    }
+    op->d = d;
+    op->call = call;
+    op->session = s->id;
+    snprintf(op->name, sizeof op->name, "%s", req->name);
+    if (req->sha256.len) {
+        op->check_sha = true;
+        memcpy(op->expect, req->sha256.data, GR_SHA256_LEN);
+    }
+    if (req->source_case == GRAPHD__V1__REGISTER_MODULE_REQUEST__SOURCE_INLINE_BYTES) {
+        if (req->inline_bytes.len == 0) {
+            gd_call_fail(call, GD_INVALID_ARGUMENT, "inline_bytes is empty");
+            free(op);
+            return;
+        }
+        if (req->inline_bytes.len > d->cfg.inline_module_max_bytes) {
+            gd_call_fail(call, GD_INVALID_ARGUMENT,
+                         "inline module of %zu bytes is over inline_module_max_bytes (%llu); "
+                         "put it in a region",
+                         req->inline_bytes.len,
+                         (unsigned long long)d->cfg.inline_module_max_bytes);
+            free(op);
+            return;
+        }
+        /* The request stays alive until the call is finished. */
+        op->bytes = req->inline_bytes.data;
+        op->len = req->inline_bytes.len;
+    } else if (req->source_case == GRAPHD__V1__REGISTER_MODULE_REQUEST__SOURCE_REGION) {
+        const Graphd__V1__RegionSlice *sl = req->region;
+        pm_region_t *r = pm_region_find(d->pools, sl->region_id);
+        if (r == NULL) {
+            gd_call_fail(call, GD_NOT_FOUND, "no region %llu", (unsigned long long)sl->region_id);
+            free(op);
+            return;
+        }
+        if (pm_region_owner(r) != s->id) {
+            gd_call_fail(call, GD_PERMISSION_DENIED, "region %llu belongs to another session",
+                         (unsigned long long)sl->region_id);
+            free(op);
+            return;
+        }
+        uint64_t rsize = pm_region_size(r);
+        if (sl->size == 0 || sl->offset > rsize || sl->size > rsize - sl->offset) {
+            gd_call_fail(call, GD_INVALID_ARGUMENT,
+                         "bytes [%llu, +%llu) are not inside region %llu of %llu bytes",
+                         (unsigned long long)sl->offset, (unsigned long long)sl->size,
+                         (unsigned long long)sl->region_id, (unsigned long long)rsize);
+            free(op);
+            return;
+        }
+        /* A private read-only mapping: the session may free the region while the load runs. */
+        op->map_len = pm_region_mapped_size(r);
+        op->map = mmap(NULL, op->map_len, PROT_READ, MAP_SHARED, pm_region_fd(r), 0);
+        if (op->map == MAP_FAILED) {
+            gd_error("mmap region %llu: %s", (unsigned long long)sl->region_id, strerror(errno));
+            gd_call_fail(call, GD_RESOURCE_EXHAUSTED, "cannot map region %llu",
+                         (unsigned long long)sl->region_id);
+            free(op);
+            return;
+        }
+        op->bytes = (const char *)op->map + sl->offset;
+        op->len = sl->size;
+    } else {
+        gd_call_fail(call, GD_INVALID_ARGUMENT, "give the module as a region slice or inline");
+        free(op);
+        return;
+    }
+    op->work.data = op;
+    uv_queue_work(d->loop, &op->work, load_run, load_done);
+}
+
+/* Finds a module handle of session s; on failure finishes the call. */
+static gd_module_t *module_of(gd_daemon_t *d, gd_call_t *call, gd_session_t *s, uint64_t id)
+{
+    for (gd_module_t *m = d->modules; m; m = m->next) {
+        if (m->id != id || m->released)
+            continue;
+        if (m->session != s->id) {
+            gd_call_fail(call, GD_PERMISSION_DENIED, "module %llu belongs to another session",
+                         (unsigned long long)id);
+            return NULL;
+        }
+        return m;
+    }
+    gd_call_fail(call, GD_NOT_FOUND, "no module %llu", (unsigned long long)id);
+    return NULL;
+}
+
+void gd_rpc_release_module(void *ctx, gd_call_t *call, const ProtobufCMessage *msg)
+{
+    gd_daemon_t *d = ctx;
+    const Graphd__V1__ReleaseModuleRequest *req = (const void *)msg;
+    gd_session_t *s = gd_session_of(d, call, req->session);
+    if (s == NULL)
+        return;
+    gd_module_t *m = module_of(d, call, s, req->module_id);
+    if (m == NULL)
+        return;
+    m->released = true;
+    s->modules--;
+    module_unref(d, m);
+    Graphd__V1__ReleaseModuleReply rep = GRAPHD__V1__RELEASE_MODULE_REPLY__INIT;
+    gd_call_reply(call, &rep.base);
+}
+
+/* ---- capture ----------------------------------------------------------- */
+
+typedef struct {
+    gd_job_t job;
+    gd_daemon_t *d;
+    gd_call_t *call;
+    uint64_t session;
+    gd_gpool_t *pool;
+    size_t n;
+    gd_module_t *mods[MAX_CALLABLES];
+    gr_callable_spec_t specs[MAX_CALLABLES];
+    gr_arg_spec_t *args;
+    gr_capture_opts_t opts;
+    gr_capture_t *cap;
+    int rc;
+    char msg[1024];
+    uint64_t t0;
+    /* filled on the loop between the two steps */
+    pm_region_t *regions[MAX_CALLABLES];
+    uint64_t region_ids[MAX_CALLABLES];
+    void *bases[MAX_CALLABLES];
+    size_t map_lens[MAX_CALLABLES];
+    gr_graph_t *graphs[MAX_CALLABLES];
+} capture_op_t;
+
+static void capture_op_free(gd_daemon_t *d, capture_op_t *op)
+{
+    for (size_t i = 0; i < op->n; i++)
+        if (op->mods[i])
+            module_unref(d, op->mods[i]);
+    free(op->args);
+    free(op);
+}
+
+/* Gives back what phase 2 took: the graphs' mappings, and their regions unless the session's end
+ * has reclaimed them already. */
+static void capture_unwind(gd_daemon_t *d, capture_op_t *op, bool free_regions)
+{
+    for (size_t i = 0; i < op->n; i++) {
+        if (op->bases[i])
+            munmap(op->bases[i], op->map_lens[i]);
+        op->bases[i] = NULL;
+        if (op->region_ids[i] && free_regions)
+            pm_region_free(d->pools, op->region_ids[i], op->session);
+        op->region_ids[i] = 0;
+    }
+}
+
+static void capture_abort_run(gd_job_t *job)
+{
+    capture_op_t *op = (capture_op_t *)job;
+    if (op->cap)
+        gr_capture_abort(op->cap);
+    op->cap = NULL;
+}
+
+static void capture_abort_done(gd_job_t *job)
+{
+    capture_op_t *op = (capture_op_t *)job;
+    capture_op_free(op->d, op);
+}
+
+/* Fails the call and drops the prepared capture on its worker. */
+static void capture_fail(capture_op_t *op, int status, const char *msg)
+{
+    gd_call_fail(op->call, status, "%s", msg);
+    op->job.run = capture_abort_run;
+    op->job.done = capture_abort_done;
+    gd_worker_submit(op->pool->worker, &op->job);
+}
+
+static void fill_desc(Graphd__V1__TensorDesc *t, const gr_tensor_desc_t *g, uint64_t region)
+{
+    graphd__v1__tensor_desc__init(t);
+    t->role = (Graphd__V1__TensorRole)(g->role + 1);
+    t->index = g->index;
+    t->name = (char *)(g->name ? g->name : "");
+    t->dtype = (Graphd__V1__DType)g->dtype;
+    t->n_shape = g->ndim;
+    t->shape = (int64_t *)g->shape;
+    t->n_strides = g->ndim;
+    t->strides = (int64_t *)g->strides;
+    t->region_id = region;
+    t->offset = g->offset;
+    t->nbytes = g->nbytes;
+    t->requires_grad = (g->flags & GR_TENSOR_REQUIRES_GRAD) != 0;
+}
+
+static void capture_finish_run(gd_job_t *job)
+{
+    capture_op_t *op = (capture_op_t *)job;
+    op->rc = gr_capture_finish(op->cap, op->bases, op->graphs);
+    op->cap = NULL; /* consumed either way */
+    if (op->rc != GR_OK)
+        snprintf(op->msg, sizeof op->msg, "%s", gr_last_error());
+}
+
+static void capture_finish_done(gd_job_t *job)
+{
+    capture_op_t *op = (capture_op_t *)job;
+    gd_daemon_t *d = op->d;
+    gd_session_t *s = gd_session_find(d, op->session);
+    if (op->rc != GR_OK) {
+        capture_unwind(d, op, s != NULL);
+        gd_call_fail(op->call, status_from_gr(op->rc), "capture failed: %s", op->msg);
+        capture_op_free(d, op);
+        return;
+    }
+    /* Register the graphs even if the session is gone: releasing them is the one cleanup path. */
+    gd_graph_t *graphs[MAX_CALLABLES] = {0};
+    for (size_t i = 0; i < op->n; i++) {
+        gd_graph_t *g = calloc(1, sizeof *g);
+        if (g == NULL)
+            abort(); /* a few hundred bytes; nothing sane to unwind to */
+        gr_graph_info_t info;
+        gr_graph_info(op->graphs[i], &info);
+        g->id = ++d->next_graph_id;
+        g->session = op->session;
+        g->pool = op->pool;
+        g->worker = op->pool->worker;
+        g->g = op->graphs[i];
+        g->base = op->bases[i];
+        g->map_len = op->map_lens[i];
+        g->region_id = op->region_ids[i];
+        g->region_bytes = info.total_bytes;
+        g->training = info.is_training != 0;
+        snprintf(g->module, sizeof g->module, "%s", op->mods[i]->name);
+        g->next = d->graphs;
+        d->graphs = g;
+        op->pool->graphs++;
+        if (s)
+            s->graphs++;
+        graphs[i] = g;
+    }
+    if (s == NULL) {
+        for (size_t i = 0; i < op->n; i++)
+            graph_release(d, graphs[i], false);
+        gd_call_fail(op->call, GD_NOT_FOUND, "the session ended during the capture");
+        capture_op_free(d, op);
+        return;
+    }
+    uint64_t ns = gd_now_ns() - op->t0;
+    gd_info("session %llu: captured %zu graph%s in pool %s (%.1f ms)",
+            (unsigned long long)op->session, op->n, op->n == 1 ? "" : "s", op->pool->name,
+            (double)ns / 1e6);
+
+    Graphd__V1__CaptureReply rep = GRAPHD__V1__CAPTURE_REPLY__INIT;
+    Graphd__V1__GraphInfo infos[MAX_CALLABLES], *info_list[MAX_CALLABLES];
+    gr_tensor_desc_t *descs[MAX_CALLABLES] = {0};
+    Graphd__V1__TensorDesc *tds[MAX_CALLABLES] = {0};
+    Graphd__V1__TensorDesc **tdl[MAX_CALLABLES] = {0};
+    bool oom = false;
+    for (size_t i = 0; i < op->n; i++) {
+        gd_graph_t *g = graphs[i];
+        gr_graph_info_t gi;
+        gr_graph_info(g->g, &gi);
+        size_t count = 0;
+        gr_graph_layout(g->g, &count, NULL, NULL);
+        descs[i] = calloc(count + 1, sizeof *descs[i]);
+        tds[i] = calloc(count + 1, sizeof *tds[i]);
+        tdl[i] = calloc(count + 1, sizeof *tdl[i]);
+        if (!descs[i] || !tds[i] || !tdl[i]) {
+            oom = true;
+            count = 0;
+        } else {
+            gr_graph_layout(g->g, &count, descs[i], NULL);
+        }
+        for (size_t k = 0; k < count; k++) {
+            fill_desc(&tds[i][k], &descs[i][k], g->region_id);
+            tdl[i][k] = &tds[i][k];
+        }
+        graphd__v1__graph_info__init(&infos[i]);
+        infos[i].graph_id = g->id;
+        infos[i].pool = op->pool->name;
+        infos[i].device = g->worker->device;
+        infos[i].training = g->training;
+        infos[i].region_id = g->region_id;
+        infos[i].region_bytes = g->region_bytes;
+        infos[i].tensors = tdl[i];
+        infos[i].n_tensors = count;
+        infos[i].num_inputs = gi.counts[GR_ROLE_INPUT];
+        infos[i].num_outputs = gi.counts[GR_ROLE_OUTPUT];
+        infos[i].num_params = gi.counts[GR_ROLE_PARAM];
+        infos[i].has_backward = gi.has_backward != 0;
+        info_list[i] = &infos[i];
+    }
+    if (oom) {
+        gd_call_fail(op->call, GD_INTERNAL, "out of memory describing the graphs");
+    } else {
+        rep.graphs = info_list;
+        rep.n_graphs = op->n;
+        rep.capture_ns = ns;
+        gd_call_reply(op->call, &rep.base);
+    }
+    for (size_t i = 0; i < op->n; i++) {
+        free(descs[i]);
+        free(tds[i]);
+        free(tdl[i]);
+    }
+    capture_op_free(d, op);
+}
+
+/* Between the steps, on the loop: one region per callable for its static tensors. */
+static void capture_prepare_done(gd_job_t *job)
+{
+    capture_op_t *op = (capture_op_t *)job;
+    gd_daemon_t *d = op->d;
+    if (op->rc != GR_OK) {
+        gd_call_fail(op->call, status_from_gr(op->rc), "%s", op->msg);
+        capture_op_free(d, op);
+        return;
+    }
+    gd_session_t *s = gd_session_find(d, op->session);
+    pm_pool_t *pool = pm_pool_find(d->pools, op->pool->name);
+    if (s == NULL || pool == NULL) {
+        capture_fail(op, GD_NOT_FOUND,
+                     s ? "the pool was deleted during the capture"
+                       : "the session ended during the capture");
+        return;
+    }
+    for (size_t i = 0; i < op->n; i++) {
+        uint64_t total = 0;
+        gr_capture_layout(op->cap, i, NULL, NULL, &total);
+        if (total == 0)
+            total = GR_ALIGN; /* a callable with no static tensor still gets a region */
+        pm_region_t *r = NULL;
+        int rc = pm_region_alloc(pool, s->id, total, &r);
+        if (rc != PM_OK) {
+            char msg[512];
+            pm_pool_info_t info;
+            pm_pool_info(pool, &info);
+            if (rc == PM_ELIMIT)
+                snprintf(msg, sizeof msg,
+                         "pool '%s' limit %llu bytes: the capture needs %llu more bytes for "
+                         "callable %zu, %llu are reserved",
+                         op->pool->name, (unsigned long long)info.limit_bytes,
+                         (unsigned long long)total, i, (unsigned long long)info.reserved_bytes);
+            else
+                snprintf(msg, sizeof msg, "cannot allocate %llu bytes for callable %zu: %s",
+                         (unsigned long long)total, i, pm_strerror(rc));
+            capture_unwind(d, op, true);
+            capture_fail(op, rc == PM_EINVAL ? GD_INVALID_ARGUMENT : GD_RESOURCE_EXHAUSTED, msg);
+            return;
+        }
+        op->region_ids[i] = pm_region_id(r);
+        op->map_lens[i] = pm_region_mapped_size(r);
+        void *base = mmap(NULL, op->map_lens[i], PROT_READ | PROT_WRITE, MAP_SHARED,
+                          pm_region_fd(r), 0);
+        if (base == MAP_FAILED) {
+            gd_error("mmap region %llu: %s", (unsigned long long)op->region_ids[i],
+                     strerror(errno));
+            capture_unwind(d, op, true);
+            capture_fail(op, GD_RESOURCE_EXHAUSTED, "cannot map the static region");
+            return;
+        }
+        op->bases[i] = base;
+    }
+    op->job.run = capture_finish_run;
+    op->job.done = capture_finish_done;
+    gd_worker_submit(op->pool->worker, &op->job);
+}
+
+static void capture_prepare_run(gd_job_t *job)
+{
+    capture_op_t *op = (capture_op_t *)job;
+    if (op->pool->gp == NULL) {
+        op->rc = gr_pool_create(op->pool->worker->device, &op->pool->gp);
+        if (op->rc != GR_OK) {
+            snprintf(op->msg, sizeof op->msg, "%s", gr_last_error());
+            return;
+        }
+    }
+    op->opts.pool = op->pool->gp;
+    op->rc = gr_capture_prepare(op->pool->worker->device, op->n, op->specs, &op->opts, &op->cap);
+    if (op->rc != GR_OK)
+        snprintf(op->msg, sizeof op->msg, "%s", gr_last_error());
+}
+
+/* Checks one sample-arg spec; on failure finishes the call. */
+static bool check_spec(gd_daemon_t *d, gd_call_t *call, size_t ci, size_t ai,
+                       const Graphd__V1__TensorSpec *t, gr_arg_spec_t *out)
+{
+    size_t esize = gr_dtype_size((int)t->dtype);
+    if (esize == 0) {
+        gd_call_fail(call, GD_INVALID_ARGUMENT, "callable %zu arg %zu: unknown dtype %d", ci, ai,
+                     (int)t->dtype);
+        return false;
+    }
+    if (t->n_shape > GR_MAX_DIMS) {
+        gd_call_fail(call, GD_INVALID_ARGUMENT, "callable %zu arg %zu: %zu dimensions (at most %d)",
+                     ci, ai, t->n_shape, GR_MAX_DIMS);
+        return false;
+    }
+    uint64_t bytes = esize;
+    for (size_t k = 0; k < t->n_shape; k++) {
+        int64_t dim = t->shape[k];
+        if (dim < 0 || (dim > 0 && bytes > d->cfg.max_region_bytes / (uint64_t)dim)) {
+            gd_call_fail(call, GD_INVALID_ARGUMENT,
+                         "callable %zu arg %zu: bad shape (dimension %zu is %lld)", ci, ai, k,
+                         (long long)dim);
+            return false;
+        }
+        bytes *= (uint64_t)dim;
+        out->shape[k] = dim;
+    }
+    if (t->requires_grad && !gr_dtype_is_floating((int)t->dtype)) {
+        gd_call_fail(call, GD_INVALID_ARGUMENT,
+                     "callable %zu arg %zu: only tensors of floating point dtype can require "
+                     "gradients (%s)",
+                     ci, ai, gr_dtype_name((int)t->dtype));
+        return false;
+    }
+    out->dtype = (int)t->dtype;
+    out->ndim = (uint32_t)t->n_shape;
+    out->requires_grad = t->requires_grad;
+    out->data = NULL;
+    return true;
+}
+
+void gd_rpc_capture(void *ctx, gd_call_t *call, const ProtobufCMessage *msg)
+{
+    gd_daemon_t *d = ctx;
+    const Graphd__V1__CaptureRequest *req = (const void *)msg;
+    gd_session_t *s = gd_session_of(d, call, req->session);
+    if (s == NULL)
+        return;
+    if (req->n_callables == 0 || req->n_callables > MAX_CALLABLES) {
+        gd_call_fail(call, GD_INVALID_ARGUMENT, "give 1 to %d callables, not %zu", MAX_CALLABLES,
+                     req->n_callables);
+        return;
+    }
+    int warmup = 3;
+    if (req->warmup_case == GRAPHD__V1__CAPTURE_REQUEST__WARMUP_NUM_WARMUP_ITERS) {
+        if (req->num_warmup_iters < 0 || req->num_warmup_iters > MAX_WARMUP) {
+            gd_call_fail(call, GD_INVALID_ARGUMENT, "num_warmup_iters must be 0 to %d",
+                         MAX_WARMUP);
+            return;
+        }
+        warmup = req->num_warmup_iters;
+    }
+    const char *pool_name = req->pool[0] ? req->pool : d->cfg.default_pool;
+    pm_pool_t *pool = pm_pool_find(d->pools, pool_name);
+    if (pool == NULL) {
+        gd_call_fail(call, GD_NOT_FOUND, "no pool named '%.64s'", pool_name);
+        return;
+    }
+    pm_pool_info_t pinfo;
+    pm_pool_info(pool, &pinfo);
+    gd_worker_t *w = worker_for(d, pinfo.device);
+    if (w == NULL) {
+        gd_call_fail(call, GD_FAILED_PRECONDITION, "pool '%s' is on %s, which runs no graphs",
+                     pool_name, pinfo.device);
+        return;
+    }
+    size_t nargs = 0;
+    for (size_t i = 0; i < req->n_callables; i++)
+        nargs += req->callables[i]->n_sample_args;
+    if (nargs > MAX_ARGS) {
+        gd_call_fail(call, GD_INVALID_ARGUMENT, "%zu sample args in all (at most %d)", nargs,
+                     MAX_ARGS);
+        return;
+    }
+    capture_op_t *op = calloc(1, sizeof *op);
+    gr_arg_spec_t *args = calloc(nargs + 1, sizeof *args);
+    gd_gpool_t *gp = gpool_get(d, pool_name, w);
+    if (op == NULL || args == NULL || gp == NULL) {
+        free(op);
+        free(args);
+        gd_call_fail(call, GD_INTERNAL, "out of memory");
+        return;
+    }
+    op->args = args;
+    size_t next_arg = 0;
+    for (size_t i = 0; i < req->n_callables; i++) {
+        const Graphd__V1__Callable *c = req->callables[i];
+        gd_module_t *m = module_of(d, call, s, c->module_id);
+        if (m == NULL) {
+            capture_op_free(d, op);
+            return;
+        }
+        m->refs++;
+        op->mods[i] = m;
+        op->n = i + 1;
+        const char *method = c->method[0] ? c->method : "forward";
+        if (gr_module_has_method(m->m, method) != 1) {
+            gd_call_fail(call, GD_INVALID_ARGUMENT, "module %llu has no method '%.64s'",
+                         (unsigned long long)c->module_id, method);
+            capture_op_free(d, op);
+            return;
+        }
+        for (size_t a = 0; a < c->n_sample_args; a++)
+            if (!check_spec(d, call, i, a, c->sample_args[a], &args[next_arg + a])) {
+                capture_op_free(d, op);
+                return;
+            }
+        op->specs[i].module = m->m;
+        op->specs[i].method = c->method[0] ? c->method : NULL; /* the request outlives the op */
+        op->specs[i].n_args = c->n_sample_args;
+        op->specs[i].args = &args[next_arg];
+        next_arg += c->n_sample_args;
+    }
+    gr_capture_opts_init(&op->opts);
+    op->opts.num_warmup_iters = warmup;
+    op->opts.allow_unused_input = req->allow_unused_input;
+    op->d = d;
+    op->call = call;
+    op->session = s->id;
+    op->pool = gp;
+    op->t0 = gd_now_ns();
+    op->job.run = capture_prepare_run;
+    op->job.done = capture_prepare_done;
+    gd_worker_submit(w, &op->job);
+}
+
+/* ---- replay ------------------------------------------------------------ */
+
+typedef struct {
+    gd_job_t job;
+    gd_graph_t *graph;
+    int phase;
+    uint64_t t0;
+    /* session-socket replays */
+    gd_wire_t *wire;
+    uint64_t seq;
+    /* gRPC replays */
+    gd_call_t *call;
+    int rc;
+    uint64_t device_ns;
+    char msg[GRAPHD_FRAME_MAX_MSG];
+} replay_job_t;
+
+static void replay_account(replay_job_t *j)
+{
+    gd_graph_t *g = j->graph;
+    if (j->rc != GR_OK)
+        atomic_fetch_add(&g->replay_errors, 1);
+    else if (j->phase == GR_PHASE_FORWARD)
+        atomic_fetch_add(&g->replays_forward, 1);
+    else
+        atomic_fetch_add(&g->replays_backward, 1);
+    uint64_t ns = gd_now_ns() - j->t0;
+    gd_hist_add(&g->latency, ns);
+    gd_hist_add(&g->pool->latency, ns);
+}
+
+static void replay_frame_run(gd_job_t *job)
+{
+    replay_job_t *j = (replay_job_t *)job;
+    j->rc = gr_graph_replay(j->graph->g, j->phase, &j->device_ns);
+    graphd_frame_t f = {.magic = GRAPHD_FRAME_MAGIC,
+                        .version = GRAPHD_FRAME_VERSION,
+                        .type = GRAPHD_FRAME_REPLAY | GRAPHD_FRAME_REPLY,
+                        .seq = j->seq,
+                        .id = j->graph->id,
+                        .arg = j->device_ns,
+                        .status = status_from_gr(j->rc)};
+    replay_account(j);
+    gd_wire_send(j->wire, &f, j->rc == GR_OK ? NULL : gr_last_error(), -1);
+    gd_wire_unref(j->wire);
+    free(j);
+}
+
+static void replay_call_run(gd_job_t *job)
+{
+    replay_job_t *j = (replay_job_t *)job;
+    j->rc = gr_graph_replay(j->graph->g, j->phase, &j->device_ns);
+    if (j->rc != GR_OK)
+        snprintf(j->msg, sizeof j->msg, "%s", gr_last_error());
+    replay_account(j);
+}
+
+static void replay_call_done(gd_job_t *job)
+{
+    replay_job_t *j = (replay_job_t *)job;
+    if (j->rc != GR_OK) {
+        gd_call_fail(j->call, status_from_gr(j->rc), "%s", j->msg);
+    } else {
+        Graphd__V1__ReplayReply rep = GRAPHD__V1__REPLAY_REPLY__INIT;
+        rep.device_ns = j->device_ns;
+        gd_call_reply(j->call, &rep.base);
+    }
+    free(j);
+}
+
+/* Looks the graph up for session s; returns a status and a message for failures. */
+static int replay_target(gd_daemon_t *d, gd_session_t *s, uint64_t id, uint64_t phase,
+                         gd_graph_t **out, char *msg, size_t len)
+{
+    if (phase != GR_PHASE_FORWARD && phase != GR_PHASE_BACKWARD) {
+        snprintf(msg, len, "unknown phase %llu", (unsigned long long)phase);
+        return GD_INVALID_ARGUMENT;
+    }
+    gd_graph_t *g = graph_find(d, id);
+    if (g == NULL) {
+        snprintf(msg, len, "no graph %llu", (unsigned long long)id);
+        return GD_NOT_FOUND;
+    }
+    if (g->session != s->id) {
+        snprintf(msg, len, "graph %llu belongs to another session", (unsigned long long)id);
+        return GD_PERMISSION_DENIED;
+    }
+    *out = g;
+    return GD_OK;
+}
+
+void gd_replay_frame(gd_daemon_t *d, gd_session_t *s, gd_wire_t *wire, const graphd_frame_t *f)
+{
+    uint64_t t0 = gd_now_ns();
+    gd_graph_t *g = NULL;
+    char msg[256];
+    int st = replay_target(d, s, f->id, f->arg, &g, msg, sizeof msg);
+    replay_job_t *j = st == GD_OK ? malloc(sizeof *j) : NULL;
+    if (st == GD_OK && j == NULL) {
+        st = GD_INTERNAL;
+        snprintf(msg, sizeof msg, "out of memory");
+    }
+    if (st != GD_OK) {
+        graphd_frame_t r = {.magic = GRAPHD_FRAME_MAGIC,
+                            .version = GRAPHD_FRAME_VERSION,
+                            .type = GRAPHD_FRAME_REPLAY | GRAPHD_FRAME_REPLY,
+                            .seq = f->seq,
+                            .id = f->id,
+                            .status = st};
+        gd_wire_send(wire, &r, msg, -1);
+        return;
+    }
+    j->job.run = replay_frame_run;
+    j->job.done = NULL;
+    j->graph = g;
+    j->phase = (int)f->arg;
+    j->t0 = t0;
+    j->seq = f->seq;
+    j->call = NULL;
+    j->wire = wire;
+    gd_wire_ref(wire);
+    s->replays++;
+    gd_worker_submit(g->worker, &j->job);
+}
+
+void gd_rpc_replay(void *ctx, gd_call_t *call, const ProtobufCMessage *msg)
+{
+    gd_daemon_t *d = ctx;
+    const Graphd__V1__ReplayRequest *req = (const void *)msg;
+    uint64_t t0 = gd_now_ns();
+    gd_session_t *s = gd_session_of(d, call, req->session);
+    if (s == NULL)
+        return;
+    gd_graph_t *g = NULL;
+    char text[256];
+    int st = replay_target(d, s, req->graph_id, (uint64_t)req->phase, &g, text, sizeof text);
+    if (st != GD_OK) {
+        gd_call_fail(call, st, "%s", text);
+        return;
+    }
+    replay_job_t *j = calloc(1, sizeof *j);
+    if (j == NULL) {
+        gd_call_fail(call, GD_INTERNAL, "out of memory");
+        return;
+    }
+    j->job.run = replay_call_run;
+    j->job.done = replay_call_done;
+    j->graph = g;
+    j->phase = (int)req->phase;
+    j->t0 = t0;
+    j->call = call;
+    s->replays++;
+    gd_worker_submit(g->worker, &j->job);
+}
+
+void gd_rpc_release_graph(void *ctx, gd_call_t *call, const ProtobufCMessage *msg)
+{
+    gd_daemon_t *d = ctx;
+    const Graphd__V1__ReleaseGraphRequest *req = (const void *)msg;
+    gd_session_t *s = gd_session_of(d, call, req->session);
+    if (s == NULL)
+        return;
+    gd_graph_t *g = graph_find(d, req->graph_id);
+    if (g == NULL) {
+        gd_call_fail(call, GD_NOT_FOUND, "no graph %llu", (unsigned long long)req->graph_id);
+        return;
+    }
+    if (g->session != s->id) {
+        gd_call_fail(call, GD_PERMISSION_DENIED, "graph %llu belongs to another session",
+                     (unsigned long long)req->graph_id);
+        return;
+    }
+    graph_release(d, g, true);
+    Graphd__V1__ReleaseGraphReply rep = GRAPHD__V1__RELEASE_GRAPH_REPLY__INIT;
+    gd_call_reply(call, &rep.base);
+}
+
+/* ---- status ------------------------------------------------------------ */
+
+static void fill_latency(Graphd__V1__LatencyStatus *l, const gd_hist_t *h)
+{
+    graphd__v1__latency_status__init(l);
+    l->count = gd_hist_count(h);
+    l->p50_ns = gd_hist_quantile(h, 0.50);
+    l->p99_ns = gd_hist_quantile(h, 0.99);
+}
+
+typedef struct {
+    Graphd__V1__GraphStatus *gs;
+    Graphd__V1__GraphStatus **gl;
+    Graphd__V1__LatencyStatus *lat; /* one per graph, then one per pool */
+} status_storage_t;
+
+void gd_graphs_status(gd_daemon_t *d, Graphd__V1__StatusReply *rep)
+{
+    size_t ng = 0;
+    for (gd_graph_t *g = d->graphs; g; g = g->next)
+        ng++;
+    status_storage_t *st = calloc(1, sizeof *st);
+    if (st == NULL)
+        return;
+    st->gs = calloc(ng + 1, sizeof *st->gs);
+    st->gl = calloc(ng + 2, sizeof *st->gl);
+    st->lat = calloc(ng + rep->n_pools + 1, sizeof *st->lat);
+    if (!st->gs || !st->gl || !st->lat) {
+        free(st->gs);
+        free(st->gl);
+        free(st->lat);
+        free(st);
+        return;
+    }
+    size_t i = 0;
+    for (gd_graph_t *g = d->graphs; g; g = g->next, i++) {
+        Graphd__V1__GraphStatus *x = &st->gs[i];
+        graphd__v1__graph_status__init(x);
+        x->id = g->id;
+        x->session = g->session;
+        x->pool = g->pool->name;
+        x->device = g->worker->device;
+        x->module = g->module;
+        x->training = g->training;
+        x->replays_forward = atomic_load(&g->replays_forward);
+        x->replays_backward = atomic_load(&g->replays_backward);
+        x->replay_errors = atomic_load(&g->replay_errors);
+        x->region_bytes = g->region_bytes;
+        fill_latency(&st->lat[i], &g->latency);
+        x->latency = &st->lat[i];
+        st->gl[i] = x;
+    }
+    st->gl[ng + 1] = (void *)st; /* past the end: only gd_graphs_status_free looks there */
+    rep->graphs = st->gl;
+    rep->n_graphs = ng;
+    for (size_t p = 0; p < rep->n_pools; p++) {
+        Graphd__V1__Pool *pool = rep->pools[p];
+        gd_gpool_t *gp = gpool_find(d, pool->name);
+        Graphd__V1__LatencyStatus *l = &st->lat[ng + p];
+        if (gp) {
+            pool->graphs = gp->graphs;
+            pool->replays = gd_hist_count(&gp->latency);
+            fill_latency(l, &gp->latency);
+        } else {
+            graphd__v1__latency_status__init(l);
+        }
+        pool->latency = l;
+    }
+    for (size_t k = 0; k < rep->n_sessions; k++) {
+        gd_session_t *s = gd_session_find(d, rep->sessions[k]->id);
+        if (s) {
+            rep->sessions[k]->graphs = s->graphs;
+            rep->sessions[k]->modules = s->modules;
+            rep->sessions[k]->replays = s->replays;
+        }
+    }
+    rep->daemon->modules_loaded = (uint32_t)gr_module_loaded_count();
+}
+
+void gd_graphs_status_free(Graphd__V1__StatusReply *rep)
+{
+    if (rep->graphs == NULL)
+        return;
+    status_storage_t *st = (void *)rep->graphs[rep->n_graphs + 1];
+    free(st->gs);
+    free(st->gl);
+    free(st->lat);
+    free(st);
+}

@@ -1,0 +1,100 @@
+/* Device worker threads (see worker.h). */
+#include "worker.h"
+#include "log.h"
+
+#include <stdio.h>
+#include <string.h>
+
+static void *worker_main(void *arg)
+{
+    gd_worker_t *w = arg;
+    char name[16];
+    snprintf(name, sizeof name, "gd-%.12s", w->device);
+    pthread_setname_np(pthread_self(), name);
+    pthread_mutex_lock(&w->lock);
+    for (;;) {
+        while (w->head == NULL && !w->stopping)
+            pthread_cond_wait(&w->cond, &w->lock);
+        if (w->head == NULL && w->stopping)
+            break;
+        gd_job_t *job = w->head;
+        w->head = job->next;
+        if (w->head == NULL)
+            w->tail = NULL;
+        pthread_mutex_unlock(&w->lock);
+
+        job->next = NULL;
+        bool has_done = job->done != NULL;
+        job->run(job); /* may free the job when it has no done callback */
+
+        pthread_mutex_lock(&w->lock);
+        w->jobs_run++;
+        if (has_done) {
+            if (w->done_tail)
+                w->done_tail->next = job;
+            else
+                w->done_head = job;
+            w->done_tail = job;
+            uv_async_send(&w->async);
+        }
+    }
+    pthread_mutex_unlock(&w->lock);
+    return NULL;
+}
+
+static void on_done(uv_async_t *h)
+{
+    gd_worker_t *w = h->data;
+    pthread_mutex_lock(&w->lock);
+    gd_job_t *job = w->done_head;
+    w->done_head = w->done_tail = NULL;
+    pthread_mutex_unlock(&w->lock);
+    while (job) {
+        gd_job_t *next = job->next;
+        w->pending--;
+        job->done(job);
+        job = next;
+    }
+}
+
+int gd_worker_start(gd_worker_t *w, uv_loop_t *loop, const char *device)
+{
+    memset(w, 0, sizeof *w);
+    snprintf(w->device, sizeof w->device, "%s", device);
+    pthread_mutex_init(&w->lock, NULL);
+    pthread_cond_init(&w->cond, NULL);
+    uv_async_init(loop, &w->async, on_done);
+    w->async.data = w;
+    if (pthread_create(&w->thread, NULL, worker_main, w) != 0) {
+        gd_error("cannot start the worker thread for %s", device);
+        uv_close((uv_handle_t *)&w->async, NULL);
+        return -1;
+    }
+    return 0;
+}
+
+void gd_worker_submit(gd_worker_t *w, gd_job_t *job)
+{
+    job->next = NULL;
+    if (job->done)
+        w->pending++;
+    pthread_mutex_lock(&w->lock);
+    if (w->tail)
+        w->tail->next = job;
+    else
+        w->head = job;
+    w->tail = job;
+    pthread_cond_signal(&w->cond);
+    pthread_mutex_unlock(&w->lock);
+}
+
+void gd_worker_stop(gd_worker_t *w)
+{
+    pthread_mutex_lock(&w->lock);
+    w->stopping = true;
+    pthread_cond_signal(&w->cond);
+    pthread_mutex_unlock(&w->lock);
+    pthread_join(w->thread, NULL);
+    on_done(&w->async); /* run the done callbacks of the last jobs */
+    uv_close((uv_handle_t *)&w->async, NULL);
+}

@@ -1,0 +1,42 @@
+/*
+ * Device workers: one thread per device runs every load, capture and replay
+ * for that device, in submission order (which is what lets graphs of one pool
+ * share intermediates). Jobs come from the loop through a mutex-protected
+ * queue; a job's done callback runs back on the loop, woken by a uv_async_t.
+ */
+#ifndef GD_WORKER_H
+#define GD_WORKER_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <uv.h>
+
+typedef struct gd_job gd_job_t;
+struct gd_job {
+    void (*run)(gd_job_t *job);  /* on the worker thread */
+    void (*done)(gd_job_t *job); /* on the loop thread; NULL: none (run owns the job) */
+    gd_job_t *next;
+};
+
+typedef struct gd_worker {
+    char device[32];
+    pthread_t thread;
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    gd_job_t *head, *tail;           /* to run */
+    gd_job_t *done_head, *done_tail; /* ran, waiting for their done callback */
+    bool stopping;
+    uv_async_t async;
+    uint64_t pending; /* submitted and not yet done (loop thread only) */
+    uint64_t jobs_run;
+} gd_worker_t;
+
+/* Starts the thread. 0 or -1 (logged). */
+int gd_worker_start(gd_worker_t *w, uv_loop_t *loop, const char *device);
+/* Queues a job; safe from the loop thread only. */
+void gd_worker_submit(gd_worker_t *w, gd_job_t *job);
+/* Runs the jobs already queued, then stops and joins the thread and closes the async handle. */
+void gd_worker_stop(gd_worker_t *w);
+
+#endif
