@@ -1,0 +1,216 @@
+/*
+ * Data-plane I/O on the session socket: fixed-size frames (graphd_frame.h)
+ * with an optional message and an optional file descriptor (SCM_RIGHTS).
+ * ATTACH, MAP and later REPLAY all go through graphd__dp_request.
+ */
+#include <errno.h>
+#include <poll.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "graphd_int.h"
+
+#define MAX_FDS_PER_MSG 4
+
+static int64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+void graphd__dp_close(graphd_client_t *c)
+{
+    if (c->session_fd >= 0) {
+        close(c->session_fd);
+        c->session_fd = -1;
+    }
+}
+
+/* Waits for events on fd until deadline (monotonic ms). */
+static int wait_fd(graphd_client_t *c, int fd, short events, int64_t deadline)
+{
+    for (;;) {
+        int64_t left = deadline - now_ms();
+        if (left <= 0)
+            return graphd__fail(c, GRAPHD_EDEADLINE_EXCEEDED,
+                                "no answer on the session socket within %d ms", c->timeout_ms);
+        struct pollfd p = {.fd = fd, .events = events};
+        int n = poll(&p, 1, left > 1000000 ? 1000000 : (int)left);
+        if (n > 0)
+            return GRAPHD_OK;
+        if (n < 0 && errno != EINTR)
+            return graphd__fail_sys(c, "poll on the session socket");
+    }
+}
+
+static int send_all(graphd_client_t *c, const uint8_t *buf, size_t len, int64_t deadline)
+{
+    while (len > 0) {
+        ssize_t n = send(c->session_fd, buf, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n >= 0) {
+            buf += n, len -= (size_t)n;
+            continue;
+        }
+        if (errno == EINTR)
+            continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) {
+            int rc = wait_fd(c, c->session_fd, POLLOUT, deadline);
+            if (rc != GRAPHD_OK)
+                return rc;
+            continue;
+        }
+        if (errno == EPIPE || errno == ECONNRESET)
+            return graphd__fail(c, GRAPHD_EUNAVAILABLE, "graphd closed the session socket");
+        return graphd__fail_sys(c, "send on the session socket");
+    }
+    return GRAPHD_OK;
+}
+
+/* Takes the descriptors out of msg's SCM_RIGHTS data: the first to *fd_out when wanted and
+ * still empty, every other one closed. */
+static void take_fds(struct msghdr *msg, int *fd_out)
+{
+    for (struct cmsghdr *cm = CMSG_FIRSTHDR(msg); cm != NULL; cm = CMSG_NXTHDR(msg, cm)) {
+        if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS)
+            continue;
+        size_t nfds = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        for (size_t i = 0; i < nfds; i++) {
+            int fd;
+            memcpy(&fd, CMSG_DATA(cm) + i * sizeof(int), sizeof(int));
+            if (fd_out != NULL && *fd_out < 0)
+                *fd_out = fd;
+            else
+                close(fd);
+        }
+    }
+}
+
+/* Reads exactly len bytes; descriptors that arrive with them go to take_fds. */
+static int recv_all(graphd_client_t *c, uint8_t *buf, size_t len, int64_t deadline, int *fd_out)
+{
+    union {
+        char buf[CMSG_SPACE(sizeof(int) * MAX_FDS_PER_MSG)];
+        struct cmsghdr align;
+    } control;
+
+    while (len > 0) {
+        struct iovec iov = {.iov_base = buf, .iov_len = len};
+        struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
+        msg.msg_control = control.buf;
+        msg.msg_controllen = sizeof(control.buf);
+        ssize_t n = recvmsg(c->session_fd, &msg, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK) {
+                int rc = wait_fd(c, c->session_fd, POLLIN, deadline);
+                if (rc != GRAPHD_OK)
+                    return rc;
+                continue;
+            }
+            if (errno == ECONNRESET)
+                return graphd__fail(c, GRAPHD_EUNAVAILABLE, "graphd closed the session socket");
+            return graphd__fail_sys(c, "recvmsg on the session socket");
+        }
+        take_fds(&msg, fd_out);
+        if (msg.msg_flags & MSG_CTRUNC)
+            return graphd__fail(c, GRAPHD_EPROTO, "descriptors dropped on the session socket");
+        if (n == 0)
+            return graphd__fail(c, GRAPHD_EUNAVAILABLE, "graphd closed the session socket");
+        buf += n, len -= (size_t)n;
+    }
+    return GRAPHD_OK;
+}
+
+/* Reads one frame and its message. On failure the socket is in an unknown state. */
+static int recv_frame(graphd_client_t *c, graphd_frame_t *f, char *msg, int64_t deadline,
+                      int *fd_out)
+{
+    uint8_t raw[GRAPHD_FRAME_SIZE];
+    int rc = recv_all(c, raw, sizeof(raw), deadline, fd_out);
+    if (rc != GRAPHD_OK)
+        return rc;
+    graphd_frame_decode(raw, f);
+    if (f->magic != GRAPHD_FRAME_MAGIC || f->version != GRAPHD_FRAME_VERSION)
+        return graphd__fail(c, GRAPHD_EPROTO, "bad frame from graphd (magic 0x%08x version %u)",
+                            (unsigned)f->magic, (unsigned)f->version);
+    if (f->msg_len > GRAPHD_FRAME_MAX_MSG)
+        return graphd__fail(c, GRAPHD_EPROTO, "frame message of %u bytes from graphd (max %d)",
+                            (unsigned)f->msg_len, GRAPHD_FRAME_MAX_MSG);
+    rc = recv_all(c, (uint8_t *)msg, f->msg_len, deadline, fd_out);
+    if (rc != GRAPHD_OK)
+        return rc;
+    msg[f->msg_len] = '\0';
+    return GRAPHD_OK;
+}
+
+int graphd__dp_request(graphd_client_t *c, uint16_t type, uint64_t id, uint64_t arg,
+                       uint64_t *arg_out, int *fd_out)
+{
+    if (fd_out != NULL)
+        *fd_out = -1;
+    if (c->session_fd < 0)
+        return graphd__fail(c, GRAPHD_EFAILED_PRECONDITION,
+                            "no session socket: call graphd_hello first");
+
+    int64_t deadline = now_ms() + c->timeout_ms;
+    graphd_frame_t req = {
+        .magic = GRAPHD_FRAME_MAGIC,
+        .version = GRAPHD_FRAME_VERSION,
+        .type = type,
+        .seq = ++c->seq,
+        .id = id,
+        .arg = arg,
+    };
+    uint8_t raw[GRAPHD_FRAME_SIZE];
+    graphd_frame_encode(&req, raw);
+    int rc = send_all(c, raw, sizeof(raw), deadline);
+    if (rc != GRAPHD_OK)
+        goto broken;
+
+    graphd_frame_t rep;
+    char msg[GRAPHD_FRAME_MAX_MSG + 1];
+    int fd = -1;
+    rc = recv_frame(c, &rep, msg, deadline, &fd);
+    if (rc != GRAPHD_OK)
+        goto broken_fd;
+    if (rep.type == GRAPHD_FRAME_ERROR) {
+        rc = graphd__fail(c, rep.status != 0 ? graphd_err_from_grpc(rep.status) : GRAPHD_EPROTO,
+                          "graphd closed the session: %s",
+                          msg[0] != '\0' ? msg : graphd_strerror(graphd_err_from_grpc(rep.status)));
+        goto broken_fd;
+    }
+    if (rep.type != (GRAPHD_FRAME_REPLY | type) || rep.seq != req.seq) {
+        rc = graphd__fail(c, GRAPHD_EPROTO,
+                          "unexpected frame from graphd (type 0x%x seq %llu, want 0x%x seq %llu)",
+                          (unsigned)rep.type, (unsigned long long)rep.seq,
+                          (unsigned)(GRAPHD_FRAME_REPLY | type), (unsigned long long)req.seq);
+        goto broken_fd;
+    }
+    if (rep.status != 0) {
+        if (fd >= 0)
+            close(fd);
+        int err = graphd_err_from_grpc(rep.status);
+        return graphd__fail(c, err, "%s", msg[0] != '\0' ? msg : graphd_strerror(err));
+    }
+    if (arg_out != NULL)
+        *arg_out = rep.arg;
+    if (fd_out != NULL)
+        *fd_out = fd;
+    else if (fd >= 0)
+        close(fd);
+    return GRAPHD_OK;
+
+broken_fd:
+    if (fd >= 0)
+        close(fd);
+broken:
+    /* The stream is out of step (or gone): no later frame could be trusted, and the daemon
+     * ends a session whose socket closes. */
+    graphd__session_end(c);
+    return rc;
+}

@@ -1,0 +1,831 @@
+/*
+ * graphctl: the operator's CLI for graphd. Every command gets its data as
+ * JSON (the Status RPC through graphd_status_json, or a list turned into the
+ * same JSON shape) and prints either that JSON (--json) or human tables made
+ * from it, so both outputs always agree. Sections are rendered generically:
+ * a section with a spec in `sections` gets its columns and headers from it,
+ * any other array of objects (a later "graphs", say) gets every scalar field
+ * as a column, and values are formatted by field name (*_bytes, *_unix_ms,
+ * *_ms, *_ns).
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <jansson.h>
+
+#include "graphd.h"
+
+#ifndef GRAPHD_VERSION
+#define GRAPHD_VERSION "0.0.0"
+#endif
+
+#define EXIT_USAGE 2
+#define CELL_MAX 96
+
+static const char usage[] =
+    "usage: graphctl [--address ADDR] [--json] COMMAND\n"
+    "\n"
+    "commands:\n"
+    "  status                          daemon, devices, pools and sessions\n"
+    "  devices                         devices the daemon serves\n"
+    "  pools                           pools and their accounting\n"
+    "  pool create NAME [--device DEV] [--limit BYTES]\n"
+    "                                  create a pool (BYTES: 64M, 1Gi, ...; K/M/G/T are\n"
+    "                                  powers of 1000, Ki/Mi/Gi/Ti powers of 1024)\n"
+    "  pool delete NAME                delete an empty pool\n"
+    "\n"
+    "options:\n"
+    "  -a, --address ADDR  daemon address (default $GRAPHD_ADDRESS, else " GRAPHD_DEFAULT_ADDRESS
+    ")\n"
+    "  -j, --json          print JSON instead of tables\n"
+    "  -h, --help          this text\n"
+    "  -V, --version       graphctl's version\n";
+
+/* ---- errors ---------------------------------------------------------------------------- */
+
+static int usage_error(const char *fmt, const char *arg)
+{
+    fprintf(stderr, "graphctl: ");
+    fprintf(stderr, fmt, arg);
+    fprintf(stderr, " (see graphctl --help)\n");
+    return EXIT_USAGE;
+}
+
+/* One line on stderr: "graphctl: <what>: <ERR_NAME>: <message>"; returns the exit status 1. */
+static int fail(graphd_client_t *c, const char *what, int rc)
+{
+    char msg[1024];
+    const char *last = c != NULL ? graphd_last_error(c) : "";
+    snprintf(msg, sizeof(msg), "%s", last[0] != '\0' ? last : graphd_strerror(rc));
+    for (char *p = msg; *p != '\0'; p++)
+        if (*p == '\n' || *p == '\r')
+            *p = ' ';
+    if (rc == GRAPHD_EUNAVAILABLE && c != NULL)
+        fprintf(stderr, "graphctl: cannot reach graphd at %s: %s: %s\n", graphd_address(c),
+                graphd_err_name(rc), msg);
+    else
+        fprintf(stderr, "graphctl: %s: %s: %s\n", what, graphd_err_name(rc), msg);
+    return 1;
+}
+
+/* ---- value formatting ------------------------------------------------------------------ */
+
+static int ends_with(const char *s, const char *suffix)
+{
+    size_t n = strlen(s), m = strlen(suffix);
+    return n >= m && strcmp(s + n - m, suffix) == 0;
+}
+
+static int starts_with(const char *s, const char *prefix)
+{
+    return strncmp(s, prefix, strlen(prefix)) == 0;
+}
+
+static void fmt_bytes(char *out, size_t n, double v)
+{
+    static const char *units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+    unsigned u = 0;
+    while (v >= 1024 && u + 1 < sizeof(units) / sizeof(units[0]))
+        v /= 1024, u++;
+    if (u == 0) {
+        snprintf(out, n, "%.0f B", v);
+        return;
+    }
+    snprintf(out, n, "%.1f", v);
+    if (ends_with(out, ".0"))
+        out[strlen(out) - 2] = '\0';
+    size_t len = strlen(out);
+    snprintf(out + len, n - len, " %s", units[u]);
+}
+
+/* "3d 4h", "2h 5m", "5m 3s", "12s", "450ms". */
+static void fmt_duration_ms(char *out, size_t n, double ms)
+{
+    unsigned long long s = (unsigned long long)(ms / 1000);
+    if (ms < 1000)
+        snprintf(out, n, "%.0fms", ms);
+    else if (s < 60)
+        snprintf(out, n, "%llus", s);
+    else if (s < 3600)
+        snprintf(out, n, "%llum %llus", s / 60, s % 60);
+    else if (s < 86400)
+        snprintf(out, n, "%lluh %llum", s / 3600, s % 3600 / 60);
+    else
+        snprintf(out, n, "%llud %lluh", s / 86400, s % 86400 / 3600);
+}
+
+static double now_unix_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec * 1000 + (double)ts.tv_nsec / 1e6;
+}
+
+/* Formats v (the field key's value) for a table cell; *numeric says "align right". */
+static void fmt_value(char *out, size_t n, const char *key, const json_t *v, int *numeric)
+{
+    *numeric = 0;
+    if (json_is_string(v)) {
+        snprintf(out, n, "%s", json_string_value(v)[0] != '\0' ? json_string_value(v) : "-");
+        return;
+    }
+    if (json_is_boolean(v)) {
+        snprintf(out, n, "%s", json_is_true(v) ? "yes" : "no");
+        return;
+    }
+    if (!json_is_number(v)) {
+        snprintf(out, n, "%s", v == NULL || json_is_null(v) ? "-" : "...");
+        return;
+    }
+    *numeric = 1;
+    double d = json_number_value(v);
+    if (starts_with(key, "limit") && d == 0) {
+        snprintf(out, n, "none");
+        *numeric = 0;
+    } else if (ends_with(key, "_unix_ms")) {
+        *numeric = 0;
+        if (d == 0) {
+            snprintf(out, n, "-");
+        } else {
+            char dur[48];
+            double age = now_unix_ms() - d;
+            fmt_duration_ms(dur, sizeof(dur), age < 0 ? 0 : age);
+            snprintf(out, n, "%s ago", dur);
+        }
+    } else if (ends_with(key, "_bytes") || strcmp(key, "bytes") == 0 ||
+               starts_with(key, "memory_")) {
+        fmt_bytes(out, n, d);
+    } else if (ends_with(key, "_ms")) {
+        fmt_duration_ms(out, n, d);
+    } else if (ends_with(key, "_ns")) {
+        if (d == 0)
+            snprintf(out, n, "-");
+        else if (d < 1e3)
+            snprintf(out, n, "%.0fns", d);
+        else if (d < 1e6)
+            snprintf(out, n, "%.1fus", d / 1e3);
+        else
+            fmt_duration_ms(out, n, d / 1e6);
+    } else if (json_is_integer(v)) {
+        snprintf(out, n, "%lld", (long long)json_integer_value(v));
+    } else {
+        snprintf(out, n, "%g", d);
+    }
+}
+
+/* A field name as a label: "started_unix_ms" ⇒ "started", "calls_total" stays. */
+static void label_of(char *out, size_t n, const char *key)
+{
+    static const char *suffixes[] = {"_unix_ms", "_ms", "_ns"};
+    snprintf(out, n, "%s", key);
+    for (size_t i = 0; i < sizeof(suffixes) / sizeof(suffixes[0]); i++)
+        if (ends_with(out, suffixes[i]) && strlen(out) > strlen(suffixes[i])) {
+            out[strlen(out) - strlen(suffixes[i])] = '\0';
+            break;
+        }
+}
+
+/* ---- tables ---------------------------------------------------------------------------- */
+
+/* A column: a field of each row, "a.b" for field b of the nested object a. */
+typedef struct column {
+    const char *key;
+    const char *header;
+} column_t;
+
+typedef struct section {
+    const char *key;   /* JSON key */
+    const char *title; /* "# Title" */
+    const column_t *cols;
+} section_t;
+
+static const column_t device_cols[] = {
+    {"id", "ID"},
+    {"kind", "KIND"},
+    {"name", "NAME"},
+    {"memory_total", "MEMORY"},
+    {"memory_free", "FREE"},
+    {"compute_capability", "CC"},
+    {NULL, NULL},
+};
+static const column_t pool_cols[] = {
+    {"name", "NAME"},
+    {"device", "DEVICE"},
+    {"reserved_bytes", "RESERVED"},
+    {"used_bytes", "USED"},
+    {"limit_bytes", "LIMIT"},
+    {"regions", "REGIONS"},
+    {"sessions", "SESSIONS"},
+    {"graphs", "GRAPHS"},
+    {"replays", "REPLAYS"},
+    {"latency.p50_ns", "P50"},
+    {"latency.p99_ns", "P99"},
+    {"created_unix_ms", "CREATED"},
+    {NULL, NULL},
+};
+static const column_t session_cols[] = {
+    {"id", "ID"},
+    {"name", "NAME"},
+    {"uid", "UID"},
+    {"pid", "PID"},
+    {"attached", "ATTACHED"},
+    {"regions", "REGIONS"},
+    {"bytes", "BYTES"},
+    {"modules", "MODULES"},
+    {"graphs", "GRAPHS"},
+    {"replays", "REPLAYS"},
+    {"connected_since_unix_ms", "CONNECTED"},
+    {NULL, NULL},
+};
+static const column_t graph_cols[] = {
+    {"id", "ID"},
+    {"session", "SESSION"},
+    {"pool", "POOL"},
+    {"device", "DEVICE"},
+    {"module", "MODULE"},
+    {"training", "TRAINING"},
+    {"replays_forward", "FWD"},
+    {"replays_backward", "BWD"},
+    {"replay_errors", "ERRORS"},
+    {"latency.p50_ns", "P50"},
+    {"latency.p99_ns", "P99"},
+    {"region_bytes", "BYTES"},
+    {NULL, NULL},
+};
+static const column_t config_cols[] = {
+    {"name", "NAME"},
+    {"value", "VALUE"},
+    {"reloadable", "RELOADABLE"},
+    {NULL, NULL},
+};
+
+/* Sections with a chosen layout. The "# Daemon" block and any other section are generic. */
+static const section_t sections[] = {
+    {"devices", "Devices", device_cols},    {"pools", "Pools", pool_cols},
+    {"sessions", "Sessions", session_cols}, {"graphs", "Graphs", graph_cols},
+    {"config", "Config", config_cols},
+};
+
+static const section_t *find_section(const char *key)
+{
+    for (size_t i = 0; i < sizeof(sections) / sizeof(sections[0]); i++)
+        if (strcmp(sections[i].key, key) == 0)
+            return &sections[i];
+    return NULL;
+}
+
+/* The value at path ("a" or "a.b") in obj, NULL when absent. */
+static json_t *get_path(json_t *obj, const char *path)
+{
+    const char *dot = strchr(path, '.');
+    if (dot == NULL)
+        return json_object_get(obj, path);
+    char head[CELL_MAX];
+    snprintf(head, sizeof(head), "%.*s", (int)(dot - path), path);
+    return get_path(json_object_get(obj, head), dot + 1);
+}
+
+/* The field name that decides the format: the last part of a path. */
+static const char *leaf(const char *path)
+{
+    const char *dot = strrchr(path, '.');
+    return dot != NULL ? dot + 1 : path;
+}
+
+typedef struct columns {
+    size_t n;
+    char *keys[64];
+    char *headers[64];
+} columns_t;
+
+static void columns_add(columns_t *cols, const char *key, const char *header)
+{
+    if (cols->n >= sizeof(cols->keys) / sizeof(cols->keys[0]))
+        return;
+    cols->keys[cols->n] = strdup(key);
+    cols->headers[cols->n] = strdup(header);
+    if (cols->keys[cols->n] == NULL || cols->headers[cols->n] == NULL) {
+        free(cols->keys[cols->n]);
+        free(cols->headers[cols->n]);
+        return;
+    }
+    cols->n++;
+}
+
+static void columns_free(columns_t *cols)
+{
+    for (size_t i = 0; i < cols->n; i++) {
+        free(cols->keys[i]);
+        free(cols->headers[i]);
+    }
+    cols->n = 0;
+}
+
+/* "p50_ns" ⇒ "P50", "replays_forward" ⇒ "REPLAYS_FORWARD". */
+static void header_of(char *out, size_t n, const char *key)
+{
+    label_of(out, n, key);
+    for (char *p = out; *p != '\0'; p++)
+        *p = (char)(*p >= 'a' && *p <= 'z' ? *p - 'a' + 'A' : *p);
+}
+
+/* Columns for rows: the section's spec, else every scalar field of the first row, and the
+ * scalar fields of its nested objects as "object.field". */
+static void pick_columns(const section_t *sec, json_t *rows, columns_t *cols)
+{
+    cols->n = 0;
+    if (sec != NULL) {
+        for (const column_t *c = sec->cols; c->key != NULL; c++)
+            columns_add(cols, c->key, c->header);
+        return;
+    }
+    const char *key, *sub;
+    json_t *v, *sv;
+    json_object_foreach(json_array_get(rows, 0), key, v)
+    {
+        char header[CELL_MAX], h2[CELL_MAX / 2], path[CELL_MAX * 2];
+        if (json_is_object(v)) {
+            json_object_foreach(v, sub, sv)
+            {
+                if (json_is_object(sv) || json_is_array(sv))
+                    continue;
+                header_of(header, sizeof(header) / 2, key);
+                header_of(h2, sizeof(h2), sub);
+                size_t len = strlen(header);
+                snprintf(header + len, sizeof(header) - len, " %s", h2);
+                snprintf(path, sizeof(path), "%s.%s", key, sub);
+                columns_add(cols, path, header);
+            }
+        } else if (!json_is_array(v)) {
+            header_of(header, sizeof(header), key);
+            columns_add(cols, key, header);
+        }
+    }
+}
+
+static void print_table(const section_t *sec, json_t *rows)
+{
+    columns_t cols;
+    pick_columns(sec, rows, &cols);
+    size_t ncols = cols.n;
+    size_t nrows = json_array_size(rows);
+    size_t width[64] = {0};
+    int numeric[64] = {0};
+    char(*cells)[CELL_MAX] = calloc(nrows * ncols + 1, sizeof(*cells));
+    if (cells == NULL)
+        goto out;
+
+    for (size_t c = 0; c < ncols; c++)
+        width[c] = strlen(cols.headers[c]);
+    for (size_t r = 0; r < nrows; r++) {
+        json_t *row = json_array_get(rows, r);
+        for (size_t c = 0; c < ncols; c++) {
+            int num;
+            char *cell = cells[r * ncols + c];
+            fmt_value(cell, CELL_MAX, leaf(cols.keys[c]), get_path(row, cols.keys[c]), &num);
+            numeric[c] |= num;
+            if (strlen(cell) > width[c])
+                width[c] = strlen(cell);
+        }
+    }
+    /* Numbers align right (headers too), text left; the last column is not padded. */
+    for (size_t c = 0; c < ncols; c++) {
+        int w = numeric[c] || c + 1 < ncols ? (int)width[c] : 0;
+        printf(numeric[c] ? "%s%*s" : "%s%-*s", c ? "  " : "", w, cols.headers[c]);
+    }
+    printf("\n");
+    if (nrows == 0)
+        printf("(none)\n");
+    for (size_t r = 0; r < nrows; r++) {
+        for (size_t c = 0; c < ncols; c++) {
+            int w = numeric[c] || c + 1 < ncols ? (int)width[c] : 0;
+            printf(numeric[c] ? "%s%*s" : "%s%-*s", c ? "  " : "", w, cells[r * ncols + c]);
+        }
+        printf("\n");
+    }
+out:
+    free(cells);
+    columns_free(&cols);
+}
+
+/* {name: {fields}} ⇒ [{name, fields...}] so that keyed objects print as tables. */
+static json_t *keyed_to_rows(json_t *obj)
+{
+    json_t *rows = json_array();
+    const char *key;
+    json_t *v;
+    json_object_foreach(obj, key, v)
+    {
+        json_t *row = json_object();
+        json_object_set_new(row, "name", json_string(key));
+        if (json_is_object(v))
+            json_object_update(row, v);
+        else
+            json_object_set(row, "value", v);
+        json_array_append_new(rows, row);
+    }
+    return rows;
+}
+
+static void print_section(const char *key, json_t *v)
+{
+    const section_t *sec = find_section(key);
+    char title[CELL_MAX];
+    if (sec != NULL) {
+        snprintf(title, sizeof(title), "%s", sec->title);
+    } else {
+        snprintf(title, sizeof(title), "%s", key);
+        if (title[0] >= 'a' && title[0] <= 'z')
+            title[0] = (char)(title[0] - 'a' + 'A');
+        for (char *p = title; *p != '\0'; p++)
+            if (*p == '_')
+                *p = ' ';
+    }
+    printf("# %s\n", title);
+    if (json_is_array(v)) {
+        print_table(sec, v);
+    } else if (json_is_object(v)) {
+        json_t *rows = keyed_to_rows(v);
+        print_table(sec, rows);
+        json_decref(rows);
+    }
+    printf("\n");
+}
+
+/* Scalars of obj as an aligned "key  value" block; nested objects/arrays follow as sections. */
+static void print_block(const char *title, json_t *obj)
+{
+    const char *key;
+    json_t *v;
+    size_t width = 0;
+    json_object_foreach(obj, key, v)
+    {
+        char label[CELL_MAX];
+        label_of(label, sizeof(label), key);
+        if (!json_is_object(v) && !json_is_array(v) && strlen(label) > width)
+            width = strlen(label);
+    }
+    printf("# %s\n", title);
+    json_object_foreach(obj, key, v)
+    {
+        if (json_is_object(v) || json_is_array(v))
+            continue;
+        char label[CELL_MAX], cell[CELL_MAX];
+        int num;
+        label_of(label, sizeof(label), key);
+        fmt_value(cell, sizeof(cell), key, v, &num);
+        printf("%-*s  %s\n", (int)width, label, cell);
+    }
+    printf("\n");
+    json_object_foreach(obj, key, v)
+    {
+        if (json_is_object(v) || json_is_array(v))
+            print_section(key, v);
+    }
+}
+
+static void print_status(json_t *root)
+{
+    const char *key;
+    json_t *v;
+    json_t *daemon = json_object_get(root, "daemon");
+    if (json_is_object(daemon))
+        print_block("Daemon", daemon);
+    json_object_foreach(root, key, v)
+    {
+        if (strcmp(key, "daemon") == 0)
+            continue;
+        if (json_is_object(v))
+            print_block(key, v);
+        else
+            print_section(key, v);
+    }
+}
+
+static void print_json(json_t *v)
+{
+    char *s = json_dumps(v, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_ENCODE_ANY);
+    if (s != NULL)
+        printf("%s\n", s);
+    free(s);
+}
+
+/* ---- commands -------------------------------------------------------------------------- */
+
+typedef struct opts {
+    const char *address;
+    const char *device;
+    const char *limit;
+    int json;
+} opts_t;
+
+static int cmd_status(graphd_client_t *c, const opts_t *o)
+{
+    char *buf = NULL;
+    size_t len = 0;
+    int rc;
+    for (int tries = 0; tries < 5; tries++) {
+        rc = graphd_status_json(c, buf, &len);
+        if (rc != GRAPHD_ETRUNC && (rc != GRAPHD_OK || buf != NULL))
+            break;
+        free(buf);
+        len += 4096; /* room for a status that grows between the two calls */
+        buf = malloc(len);
+        if (buf == NULL) {
+            fprintf(stderr, "graphctl: status: out of memory\n");
+            return 1;
+        }
+    }
+    if (rc != GRAPHD_OK) {
+        free(buf);
+        return fail(c, "status", rc);
+    }
+    json_error_t jerr;
+    json_t *root = json_loads(buf, 0, &jerr);
+    free(buf);
+    if (root == NULL) {
+        fprintf(stderr, "graphctl: status: bad JSON from libgraphd: %s\n", jerr.text);
+        return 1;
+    }
+    if (o->json)
+        print_json(root);
+    else
+        print_status(root);
+    json_decref(root);
+    return 0;
+}
+
+static json_t *device_json(const graphd_device_t *d)
+{
+    return json_pack("{s:s, s:s, s:I, s:s, s:I, s:I, s:s}", "id", d->id, "kind", d->kind, "ordinal",
+                     (json_int_t)d->ordinal, "name", d->name, "memory_total",
+                     (json_int_t)d->memory_total, "memory_free", (json_int_t)d->memory_free,
+                     "compute_capability", d->compute_capability);
+}
+
+static json_t *pool_json(const graphd_pool_t *p)
+{
+    return json_pack("{s:s, s:s, s:I, s:I, s:I, s:I, s:I, s:I}", "name", p->name, "device",
+                     p->device, "limit_bytes", (json_int_t)p->limit_bytes, "reserved_bytes",
+                     (json_int_t)p->reserved_bytes, "used_bytes", (json_int_t)p->used_bytes,
+                     "regions", (json_int_t)p->regions, "sessions", (json_int_t)p->sessions,
+                     "created_unix_ms", (json_int_t)p->created_unix_ms);
+}
+
+static int cmd_devices(graphd_client_t *c, const opts_t *o)
+{
+    size_t n = 0;
+    graphd_device_t *items = NULL;
+    int rc = graphd_list_devices(c, &n, NULL);
+    /* The list may grow between the calls: retry on GRAPHD_ETRUNC with the new count. */
+    for (int tries = 0; rc == GRAPHD_OK && tries < 5; tries++) {
+        free(items);
+        items = calloc(n + 1, sizeof(*items));
+        if (items == NULL)
+            return fail(c, "devices", GRAPHD_ENOMEM);
+        rc = graphd_list_devices(c, &n, items);
+        if (rc != GRAPHD_ETRUNC || tries == 4)
+            break;
+        rc = GRAPHD_OK;
+    }
+    if (rc != GRAPHD_OK) {
+        free(items);
+        return fail(c, "devices", rc);
+    }
+    json_t *arr = json_array();
+    for (size_t i = 0; i < n; i++)
+        json_array_append_new(arr, device_json(&items[i]));
+    free(items);
+    if (o->json)
+        print_json(arr);
+    else
+        print_section("devices", arr);
+    json_decref(arr);
+    return 0;
+}
+
+static int cmd_pools(graphd_client_t *c, const opts_t *o)
+{
+    size_t n = 0;
+    graphd_pool_t *items = NULL;
+    int rc = graphd_list_pools(c, &n, NULL);
+    for (int tries = 0; rc == GRAPHD_OK && tries < 5; tries++) {
+        free(items);
+        items = calloc(n + 1, sizeof(*items));
+        if (items == NULL)
+            return fail(c, "pools", GRAPHD_ENOMEM);
+        rc = graphd_list_pools(c, &n, items);
+        if (rc != GRAPHD_ETRUNC || tries == 4)
+            break;
+        rc = GRAPHD_OK;
+    }
+    if (rc != GRAPHD_OK) {
+        free(items);
+        return fail(c, "pools", rc);
+    }
+    json_t *arr = json_array();
+    for (size_t i = 0; i < n; i++)
+        json_array_append_new(arr, pool_json(&items[i]));
+    free(items);
+    if (o->json)
+        print_json(arr);
+    else
+        print_section("pools", arr);
+    json_decref(arr);
+    return 0;
+}
+
+/* "64M", "1Gi", "4096": K/M/G/T are powers of 1000, Ki/Mi/Gi/Ti of 1024; a trailing B is
+ * allowed ("64MiB"). */
+static int parse_bytes(const char *s, uint64_t *out)
+{
+    static const struct {
+        const char *suffix;
+        uint64_t mult;
+    } units[] = {
+        {"", 1},
+        {"K", 1000ULL},
+        {"M", 1000ULL * 1000},
+        {"G", 1000ULL * 1000 * 1000},
+        {"T", 1000ULL * 1000 * 1000 * 1000},
+        {"Ki", 1ULL << 10},
+        {"Mi", 1ULL << 20},
+        {"Gi", 1ULL << 30},
+        {"Ti", 1ULL << 40},
+    };
+    if (s[0] < '0' || s[0] > '9')
+        return -1;
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno != 0)
+        return -1;
+    char suffix[8];
+    snprintf(suffix, sizeof(suffix), "%s", end);
+    if (strlen(end) >= sizeof(suffix))
+        return -1;
+    if (suffix[0] == 'k')
+        suffix[0] = 'K';
+    size_t n = strlen(suffix);
+    if (n > 0 && suffix[n - 1] == 'B')
+        suffix[n - 1] = '\0';
+    for (size_t i = 0; i < sizeof(units) / sizeof(units[0]); i++) {
+        if (strcmp(suffix, units[i].suffix) != 0)
+            continue;
+        if (v > UINT64_MAX / units[i].mult)
+            return -1;
+        *out = (uint64_t)v * units[i].mult;
+        return 0;
+    }
+    return -1;
+}
+
+static int cmd_pool_create(graphd_client_t *c, const opts_t *o, const char *name, uint64_t limit)
+{
+    graphd_pool_t p;
+    char what[160];
+    snprintf(what, sizeof(what), "pool create %s", name);
+    int rc = graphd_pool_create(c, name, o->device, limit, &p);
+    if (rc != GRAPHD_OK)
+        return fail(c, what, rc);
+    if (o->json) {
+        json_t *v = pool_json(&p);
+        print_json(v);
+        json_decref(v);
+    } else {
+        char lim[CELL_MAX];
+        int num;
+        json_t *jl = json_integer((json_int_t)p.limit_bytes);
+        fmt_value(lim, sizeof(lim), "limit_bytes", jl, &num);
+        json_decref(jl);
+        printf("pool %s created on %s (limit %s)\n", p.name[0] ? p.name : name,
+               p.device[0] ? p.device : "?", lim);
+    }
+    return 0;
+}
+
+static int cmd_pool_delete(graphd_client_t *c, const opts_t *o, const char *name)
+{
+    char what[160];
+    snprintf(what, sizeof(what), "pool delete %s", name);
+    int rc = graphd_pool_delete(c, name);
+    if (rc != GRAPHD_OK)
+        return fail(c, what, rc);
+    if (o->json) {
+        json_t *v = json_pack("{s:s}", "deleted", name);
+        print_json(v);
+        json_decref(v);
+    } else
+        printf("pool %s deleted\n", name);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    static const struct option longopts[] = {
+        {"address", required_argument, NULL, 'a'},
+        {"json", no_argument, NULL, 'j'},
+        {"device", required_argument, NULL, 'd'},
+        {"limit", required_argument, NULL, 'l'},
+        {"help", no_argument, NULL, 'h'},
+        {"version", no_argument, NULL, 'V'},
+        {NULL, 0, NULL, 0},
+    };
+    opts_t o = {0};
+    int opt;
+    opterr = 0;
+    while ((opt = getopt_long(argc, argv, ":a:jhV", longopts, NULL)) != -1) {
+        switch (opt) {
+        case 'a':
+            o.address = optarg;
+            break;
+        case 'j':
+            o.json = 1;
+            break;
+        case 'd':
+            o.device = optarg;
+            break;
+        case 'l':
+            o.limit = optarg;
+            break;
+        case 'h':
+            fputs(usage, stdout);
+            return 0;
+        case 'V':
+            printf("graphctl %s\n", GRAPHD_VERSION);
+            return 0;
+        case ':':
+            return usage_error("option '%s' needs a value", argv[optind - 1]);
+        default:
+            return usage_error("unknown option '%s'", argv[optind - 1]);
+        }
+    }
+
+    int npos = argc - optind;
+    char **pos = argv + optind;
+    if (npos == 0)
+        return usage_error("%s", "no command given");
+    const char *cmd = pos[0];
+    int is_create = strcmp(cmd, "pool") == 0 && npos >= 2 && strcmp(pos[1], "create") == 0;
+    if ((o.device != NULL || o.limit != NULL) && !is_create)
+        return usage_error("%s", "--device and --limit go with 'pool create'");
+    uint64_t limit = 0;
+    if (o.limit != NULL && parse_bytes(o.limit, &limit) != 0)
+        return usage_error("bad byte count '%s' (e.g. 4096, 64M, 1Gi)", o.limit);
+
+    enum { STATUS, DEVICES, POOLS, CREATE, DELETE } which;
+    if (strcmp(cmd, "status") == 0 && npos == 1)
+        which = STATUS;
+    else if (strcmp(cmd, "devices") == 0 && npos == 1)
+        which = DEVICES;
+    else if (strcmp(cmd, "pools") == 0 && npos == 1)
+        which = POOLS;
+    else if (is_create && npos == 3)
+        which = CREATE;
+    else if (strcmp(cmd, "pool") == 0 && npos == 3 && strcmp(pos[1], "delete") == 0)
+        which = DELETE;
+    else if (strcmp(cmd, "pool") == 0)
+        return usage_error("%s", "usage: pool create NAME [--device DEV] [--limit BYTES] | "
+                                 "pool delete NAME");
+    else if (strcmp(cmd, "status") == 0 || strcmp(cmd, "devices") == 0 || strcmp(cmd, "pools") == 0)
+        return usage_error("'%s' takes no arguments", cmd);
+    else
+        return usage_error("unknown command '%s'", cmd);
+
+    graphd_client_t *c;
+    int rc = graphd_connect(o.address, &c);
+    if (rc != GRAPHD_OK) {
+        fprintf(stderr, "graphctl: cannot use address '%s': %s: %s\n",
+                o.address != NULL ? o.address : "(default)", graphd_err_name(rc),
+                graphd_strerror(rc));
+        return 1;
+    }
+    int status = 1;
+    switch (which) {
+    case STATUS:
+        status = cmd_status(c, &o);
+        break;
+    case DEVICES:
+        status = cmd_devices(c, &o);
+        break;
+    case POOLS:
+        status = cmd_pools(c, &o);
+        break;
+    case CREATE:
+        status = cmd_pool_create(c, &o, pos[2], limit);
+        break;
+    case DELETE:
+        status = cmd_pool_delete(c, &o, pos[2]);
+        break;
+    }
+    graphd_close(c);
+    if (fflush(stdout) != 0 && status == 0) {
+        fprintf(stderr, "graphctl: writing output: %s\n", strerror(errno));
+        status = 1;
+    }
+    return status;
+}

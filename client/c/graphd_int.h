@@ -1,0 +1,89 @@
+/*
+ * libgraphd internals shared by the files of client/c/: the client and
+ * region bodies, the unary gRPC call helper (rpc.c), the data-plane frame
+ * I/O (dataplane.c) and the protobuf-to-JSON walker (json.c).
+ */
+#ifndef GRAPHD_INT_H
+#define GRAPHD_INT_H
+
+#include <stdarg.h>
+#include <stdint.h>
+
+#include <grpc/grpc.h>
+#include <jansson.h>
+#include <protobuf-c/protobuf-c.h>
+
+#include "graphd.h"
+#include "graphd_frame.h"
+
+#define GRAPHD__ERRMSG_MAX 1024
+#define GRAPHD__DEFAULT_TIMEOUT_MS 60000
+#define GRAPHD__METHOD(name) "/graphd.v1.Graphd/" name
+
+struct graphd_region {
+    graphd_client_t *client;
+    graphd_region_t *prev, *next; /* the client's list of open handles */
+    uint64_t id;
+    void *ptr;
+    uint64_t size;
+    uint64_t mapped_size;
+};
+
+struct graphd_client {
+    char *address;
+    grpc_channel *channel;
+    grpc_completion_queue *cq;
+    int timeout_ms;
+
+    /* The session, when session_fd >= 0 or session_id != 0. */
+    uint64_t session_id;
+    uint64_t session_token;
+    int session_fd;
+    uint64_t seq; /* last data-plane frame sequence number */
+    char session_socket[108];
+    char daemon_version[64];
+
+    graphd_region_t *regions; /* open region handles, newest first */
+    char last_error[GRAPHD__ERRMSG_MAX];
+};
+
+/* Sets c's last error to the formatted message and returns err. */
+int graphd__fail(graphd_client_t *c, int err, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* Same with ": strerror(errno)" appended (errno read on entry); returns GRAPHD_ESYS. */
+int graphd__fail_sys(graphd_client_t *c, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+/*
+ * One unary call of method (a GRAPHD__METHOD literal, which must outlive the
+ * call) with req; on success *reply is the unpacked answer (free it with
+ * protobuf_c_message_free_unpacked). A non-OK status maps to the error enum
+ * and its details become the last error.
+ */
+int graphd__call(graphd_client_t *c, const char *method, const ProtobufCMessage *req,
+                 const ProtobufCMessageDescriptor *reply_desc, ProtobufCMessage **reply);
+
+/*
+ * One data-plane exchange on the session socket: sends a request frame of
+ * type with id and arg, waits (up to the client's timeout) for the reply
+ * with the same seq, and returns its arg in *arg_out. A file descriptor that
+ * comes with an OK reply goes to *fd_out (-1 when none; close it), or is
+ * closed when fd_out is NULL. A reply with a non-zero status maps the gRPC
+ * code and keeps the message as last error. An ERROR frame, EOF, a
+ * malformed reply or a timeout leaves the stream out of step: the session
+ * ends (graphd__session_end) and the error says why.
+ */
+int graphd__dp_request(graphd_client_t *c, uint16_t type, uint64_t id, uint64_t arg,
+                       uint64_t *arg_out /* [out][optional] */, int *fd_out /* [out][optional] */);
+/* Closes the session socket if open. */
+void graphd__dp_close(graphd_client_t *c);
+/* Forgets the session (closing its socket, which ends it in the daemon too). */
+void graphd__session_end(graphd_client_t *c);
+
+/* Renders msg as a JSON value by walking its descriptor (see graphd_status_json). */
+json_t *graphd__pb_to_json(const ProtobufCMessage *msg);
+
+/* Copies src into a fixed char array, truncating, always NUL-terminated. */
+void graphd__strlcpy(char *dst, const char *src, size_t size);
+
+#endif

@@ -1,0 +1,195 @@
+/*
+ * Shared regions: AllocRegion/FreeRegion over gRPC, the memfd over the
+ * session socket (MAP frame), and the caller's mapping. Every handle is on
+ * its client's list so that graphd_close can unmap what is left.
+ */
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "graphd.pb-c.h"
+#include "graphd_int.h"
+
+static void link_region(graphd_client_t *c, graphd_region_t *r)
+{
+    r->client = c;
+    r->prev = NULL;
+    r->next = c->regions;
+    if (c->regions != NULL)
+        c->regions->prev = r;
+    c->regions = r;
+}
+
+static void unlink_region(graphd_region_t *r)
+{
+    graphd_client_t *c = r->client;
+    if (r->prev != NULL)
+        r->prev->next = r->next;
+    else
+        c->regions = r->next;
+    if (r->next != NULL)
+        r->next->prev = r->prev;
+}
+
+/* MAP frame for region_id, then mmap of the memfd it brings. */
+static int map_region(graphd_client_t *c, uint64_t region_id, graphd_region_t **out)
+{
+    uint64_t mapped_size = 0;
+    int fd = -1;
+    int rc = graphd__dp_request(c, GRAPHD_FRAME_MAP, region_id, 0, &mapped_size, &fd);
+    if (rc != GRAPHD_OK)
+        return rc;
+    if (fd < 0)
+        return graphd__fail(c, GRAPHD_EPROTO, "MAP reply for region %llu without a descriptor",
+                            (unsigned long long)region_id);
+
+    /* Never map past the end of the memfd: touching such pages would raise SIGBUS. */
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        rc = graphd__fail_sys(c, "fstat of region %llu", (unsigned long long)region_id);
+        goto out;
+    }
+    if (mapped_size == 0 || (uint64_t)st.st_size < mapped_size || mapped_size > SIZE_MAX) {
+        rc = graphd__fail(
+            c, GRAPHD_EPROTO, "region %llu: MAP says %llu bytes but the memfd has %lld",
+            (unsigned long long)region_id, (unsigned long long)mapped_size, (long long)st.st_size);
+        goto out;
+    }
+    graphd_region_t *r = calloc(1, sizeof(*r));
+    if (r == NULL) {
+        rc = graphd__fail(c, GRAPHD_ENOMEM, "out of memory");
+        goto out;
+    }
+    r->ptr = mmap(NULL, (size_t)mapped_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (r->ptr == MAP_FAILED) {
+        rc = graphd__fail_sys(c, "mmap of region %llu (%llu bytes)", (unsigned long long)region_id,
+                              (unsigned long long)mapped_size);
+        free(r);
+        goto out;
+    }
+    r->id = region_id;
+    r->size = mapped_size;
+    r->mapped_size = mapped_size;
+    link_region(c, r);
+    *out = r;
+out:
+    close(fd);
+    return rc;
+}
+
+int graphd_region_alloc(graphd_client_t *c, const char *pool, uint64_t size, graphd_region_t **out)
+{
+    c->last_error[0] = '\0';
+    if (out == NULL)
+        return graphd__fail(c, GRAPHD_EINVALID_ARGUMENT, "out is NULL");
+    *out = NULL;
+    if (c->session_id == 0)
+        return graphd__fail(c, GRAPHD_EFAILED_PRECONDITION, "no session: call graphd_hello first");
+
+    Graphd__V1__SessionRef ref = GRAPHD__V1__SESSION_REF__INIT;
+    ref.id = c->session_id;
+    ref.token = c->session_token;
+    Graphd__V1__AllocRegionRequest req = GRAPHD__V1__ALLOC_REGION_REQUEST__INIT;
+    req.session = &ref;
+    req.pool = (char *)(pool != NULL ? pool : "");
+    req.size = size;
+    Graphd__V1__AllocRegionReply *rep;
+    int rc = graphd__call(c, GRAPHD__METHOD("AllocRegion"), &req.base,
+                          &graphd__v1__alloc_region_reply__descriptor, (ProtobufCMessage **)&rep);
+    if (rc != GRAPHD_OK)
+        return rc;
+    uint64_t id = rep->region_id, got_size = rep->size, mapped = rep->mapped_size;
+    protobuf_c_message_free_unpacked(&rep->base, NULL);
+
+    graphd_region_t *r = NULL;
+    rc = map_region(c, id, &r);
+    if (rc == GRAPHD_OK && (mapped != r->mapped_size || got_size > r->mapped_size)) {
+        rc = graphd__fail(
+            c, GRAPHD_EPROTO, "region %llu: AllocRegion said %llu bytes mapped, MAP said %llu",
+            (unsigned long long)id, (unsigned long long)mapped, (unsigned long long)r->mapped_size);
+        graphd_region_release(r);
+    }
+    if (rc != GRAPHD_OK) {
+        /* The daemon holds a region this caller will never see: give it back. */
+        char saved[GRAPHD__ERRMSG_MAX];
+        memcpy(saved, c->last_error, sizeof(saved));
+        if (c->session_id != 0)
+            (void)graphd_region_free_id(c, id);
+        memcpy(c->last_error, saved, sizeof(saved));
+        return rc;
+    }
+    r->size = got_size;
+    *out = r;
+    return GRAPHD_OK;
+}
+
+int graphd_region_map(graphd_client_t *c, uint64_t region_id, graphd_region_t **out)
+{
+    c->last_error[0] = '\0';
+    if (out == NULL)
+        return graphd__fail(c, GRAPHD_EINVALID_ARGUMENT, "out is NULL");
+    *out = NULL;
+    return map_region(c, region_id, out);
+}
+
+int graphd_region_free_id(graphd_client_t *c, uint64_t region_id)
+{
+    c->last_error[0] = '\0';
+    if (c->session_id == 0)
+        return graphd__fail(c, GRAPHD_EFAILED_PRECONDITION, "no session: call graphd_hello first");
+    Graphd__V1__SessionRef ref = GRAPHD__V1__SESSION_REF__INIT;
+    ref.id = c->session_id;
+    ref.token = c->session_token;
+    Graphd__V1__FreeRegionRequest req = GRAPHD__V1__FREE_REGION_REQUEST__INIT;
+    req.session = &ref;
+    req.region_id = region_id;
+    ProtobufCMessage *rep;
+    int rc = graphd__call(c, GRAPHD__METHOD("FreeRegion"), &req.base,
+                          &graphd__v1__free_region_reply__descriptor, &rep);
+    if (rc == GRAPHD_OK)
+        protobuf_c_message_free_unpacked(rep, NULL);
+    return rc;
+}
+
+int graphd_region_free(graphd_client_t *c, graphd_region_t *r)
+{
+    c->last_error[0] = '\0';
+    if (r == NULL || r->client != c)
+        return graphd__fail(c, GRAPHD_EINVALID_ARGUMENT,
+                            "region handle is NULL or not this "
+                            "client's");
+    int rc = graphd_region_free_id(c, r->id);
+    graphd_region_release(r);
+    return rc;
+}
+
+void graphd_region_release(graphd_region_t *r)
+{
+    if (r == NULL)
+        return;
+    munmap(r->ptr, (size_t)r->mapped_size);
+    unlink_region(r);
+    free(r);
+}
+
+uint64_t graphd_region_id(const graphd_region_t *r)
+{
+    return r->id;
+}
+
+void *graphd_region_ptr(const graphd_region_t *r)
+{
+    return r->ptr;
+}
+
+uint64_t graphd_region_size(const graphd_region_t *r)
+{
+    return r->size;
+}
+
+uint64_t graphd_region_mapped_size(const graphd_region_t *r)
+{
+    return r->mapped_size;
+}

@@ -1,0 +1,415 @@
+"""Connections to graphd: Client (control plane, session, graphs), the module-level default
+client, and graph pool handles. Nothing here imports torch.
+
+Lifetimes. A Client owns one libgraphd client and at most one session (opened on first need).
+A Graph owns one libgraphd graph handle and, through it, the mapping of the graph's static
+region; the torch tensors made over that mapping keep the Graph alive, so the mapping stays valid
+while any of them is used. The Graph releases itself (ReleaseGraph, unmap) when it is garbage
+collected. Client.close() ends the session at once; the libgraphd client itself is destroyed
+when its last Graph goes, so that no mapping disappears under a live tensor.
+"""
+import atexit
+import ctypes
+import json
+import os
+import secrets
+import sys
+import threading
+import weakref
+
+from . import _lib
+from .errors import GraphdError, make_error
+
+DEFAULT_ADDRESS = "unix:/run/graphd/graphd.sock"
+
+_exiting = False  # set by the atexit hook: finalizers then leave libgraphd alone
+_clients = weakref.WeakSet()
+
+
+def _error(rc, message):
+    L = _lib.lib()
+    return make_error(_lib.text(L.graphd_err_name(rc)) or "UNKNOWN",
+                      message or _lib.text(L.graphd_strerror(rc)), rc)
+
+
+def normalize_device(device):
+    """"cpu" / torch.device("cpu") / None => "cpu:0"; "cuda" => "cuda:0"; "kind:N" as given."""
+    if device is None:
+        return "cpu:0"
+    s = str(device).strip()
+    if not s:
+        return "cpu:0"
+    return s if ":" in s else s + ":0"
+
+
+class Graph:
+    """One captured callable in the daemon: its id, mode at capture, and static tensors.
+
+    Made by Client.capture(); released (ReleaseGraph, then unmapped) when garbage collected.
+    Keep it alive as long as anything points into its static tensors (the torch views that
+    graphd.make_graphed_callables makes hold a reference to it).
+    """
+
+    def __init__(self, client, handle, pool):
+        self._client = client
+        self._handle = handle
+        self.pool = pool
+        self.id = int(_lib.capture_fn("graphd_graph_id")(handle))
+        self.training = bool(_lib.capture_fn("graphd_graph_training")(handle))
+        self.has_backward = bool(_lib.capture_fn("graphd_graph_has_backward")(handle))
+        count = ctypes.c_size_t(0)
+        fn = _lib.capture_fn("graphd_graph_tensors")
+        rc = fn(handle, ctypes.byref(count), None)
+        if rc == 0 and count.value:
+            items = (_lib.Tensor * count.value)()
+            rc = fn(handle, ctypes.byref(count), items)
+        else:
+            items = []
+        if rc != 0:
+            raise _error(rc, "graphd_graph_tensors failed")
+        self.tensors = list(items)  # _lib.Tensor structs, in the daemon's order
+        self._finalizer = weakref.finalize(self, client._release_graph, handle)
+        self._finalizer.atexit = False
+
+    def replay(self, phase, rpc=False):
+        """Replays FORWARD (0) or BACKWARD (1); returns the daemon's time in ns. The session
+        socket's REPLAY frame by default, the gRPC Replay RPC with rpc=True."""
+        return self._client._replay(self._handle, phase, rpc)
+
+    def __repr__(self):
+        return "<graphd.Graph id=%d pool=%r training=%s tensors=%d>" % (
+            self.id, getattr(self.pool, "name", self.pool), self.training, len(self.tensors))
+
+
+class PoolHandle:
+    """A daemon graph pool, usable as make_graphed_callables(..., pool=handle). Graphs captured
+    with the same pool name, from any process, share that daemon pool."""
+
+    def __init__(self, name, device, owned=False):
+        self.name = name
+        self.device = device
+        self.owned = owned  # made by graph_pool_handle() without a name: deleted at close
+
+    def __repr__(self):
+        return "graphd.PoolHandle(%r, device=%r)" % (self.name, self.device)
+
+    def __eq__(self, other):
+        return isinstance(other, PoolHandle) and (self.name, self.device) == (other.name,
+                                                                              other.device)
+
+    def __hash__(self):
+        return hash((self.name, self.device))
+
+
+class Client:
+    """A connection to graphd. address: a gRPC target ("unix:/path", or a bare path); default
+    $GRAPHD_ADDRESS, else unix:/run/graphd/graphd.sock. Connecting does no I/O: an absent daemon
+    shows as graphd.Unavailable from the first call. Usable as a context manager. Calls are
+    serialised by a lock, so one client may be shared between threads."""
+
+    def __init__(self, address=None, name=None):
+        L = _lib.lib()
+        if address is None:
+            address = os.environ.get("GRAPHD_ADDRESS") or DEFAULT_ADDRESS
+        handle = ctypes.c_void_p()
+        rc = L.graphd_connect(str(address).encode(), ctypes.byref(handle))
+        if rc != 0:
+            raise _error(rc, "cannot make a client for %r" % (address,))
+        self._h = handle
+        self._lock = threading.RLock()
+        self._name = name or "python:%s" % (os.path.basename(sys.argv[0] or "") or "python")
+        self._session = False
+        self._closed = False
+        self._live_graphs = 0
+        self._owned_pools = []
+        self.address = _lib.text(L.graphd_address(handle))
+        _clients.add(self)
+
+    # ---- plumbing ----------------------------------------------------------------------
+
+    def _fail(self, rc, what):
+        msg = _lib.text(_lib.lib().graphd_last_error(self._h)) if self._h else ""
+        return _error(rc, msg or what)
+
+    def _check_open(self):
+        if self._closed or not self._h:
+            raise GraphdError("client for %s is closed" % self.address, code="FAILED_PRECONDITION")
+
+    def _ensure_session(self):
+        if self._session:
+            return
+        rc = _lib.lib().graphd_hello(self._h, self._name.encode())
+        if rc != 0:
+            raise self._fail(rc, "Hello failed")
+        self._session = True
+
+    def _list(self, fn, struct):
+        with self._lock:
+            self._check_open()
+            while True:
+                count = ctypes.c_size_t(0)
+                rc = fn(self._h, ctypes.byref(count), None)
+                if rc != 0:
+                    raise self._fail(rc, fn.__name__ + " failed")
+                items = (struct * max(count.value, 1))()
+                rc = fn(self._h, ctypes.byref(count), items)
+                if rc == _lib.ETRUNC:
+                    continue  # grew in between
+                if rc != 0:
+                    raise self._fail(rc, fn.__name__ + " failed")
+                return list(items)[:count.value]
+
+    @staticmethod
+    def _struct_dict(s):
+        out = {}
+        for name, _ in s._fields_:
+            v = getattr(s, name)
+            out[name] = _lib.text(v) if isinstance(v, bytes) else v
+        return out
+
+    # ---- public API --------------------------------------------------------------------
+
+    @property
+    def session_id(self):
+        """The open session's id, 0 when none is open."""
+        with self._lock:
+            return int(_lib.lib().graphd_session_id(self._h)) if self._h else 0
+
+    def status(self):
+        """The daemon's Status as plain dicts and lists: keys "daemon", "devices", "pools",
+        "sessions", "graphs", field names as in graphd.proto."""
+        L = _lib.lib()
+        with self._lock:
+            self._check_open()
+            while True:
+                need = ctypes.c_size_t(0)
+                rc = L.graphd_status_json(self._h, None, ctypes.byref(need))
+                if rc != 0:
+                    raise self._fail(rc, "Status failed")
+                buf = ctypes.create_string_buffer(need.value + 4096)
+                size = ctypes.c_size_t(len(buf))
+                rc = L.graphd_status_json(self._h, buf, ctypes.byref(size))
+                if rc == _lib.ETRUNC:
+                    continue
+                if rc != 0:
+                    raise self._fail(rc, "Status failed")
+                return json.loads(buf.value.decode("utf-8"))
+
+    def devices(self):
+        """Devices the daemon serves: dicts with id, kind, name, ordinal, memory_total, ..."""
+        return [self._struct_dict(d) for d in self._list(_lib.lib().graphd_list_devices,
+                                                          _lib.Device)]
+
+    def pools(self):
+        """Pools with their accounting: dicts with name, device, limit_bytes, reserved_bytes,
+        used_bytes, regions, sessions, created_unix_ms."""
+        return [self._struct_dict(p) for p in self._list(_lib.lib().graphd_list_pools,
+                                                          _lib.Pool)]
+
+    def create_pool(self, name, device=None, limit_bytes=0):
+        """Creates a named pool (device default "cpu:0"; limit 0: the daemon's default) and
+        returns it as a dict. graphd.AlreadyExists, graphd.InvalidArgument, graphd.NotFound."""
+        info = _lib.Pool()
+        with self._lock:
+            self._check_open()
+            rc = _lib.lib().graphd_pool_create(self._h, name.encode(),
+                                               device.encode() if device else None,
+                                               int(limit_bytes), ctypes.byref(info))
+            if rc != 0:
+                raise self._fail(rc, "CreatePool failed")
+        return self._struct_dict(info)
+
+    def delete_pool(self, name):
+        """Deletes an empty pool. graphd.NotFound; graphd.FailedPrecondition while it holds
+        regions."""
+        with self._lock:
+            self._check_open()
+            rc = _lib.lib().graphd_pool_delete(self._h, name.encode())
+            if rc != 0:
+                raise self._fail(rc, "DeletePool failed")
+
+    def check_device(self, device):
+        """The canonical id of device ("cpu" => "cpu:0"); graphd.NotFound when the daemon does
+        not serve it."""
+        dev = normalize_device(device)
+        if dev == "cpu:0":
+            return dev
+        ids = [d["id"] for d in self.devices()]
+        if dev not in ids:
+            raise make_error("NOT_FOUND", "graphd at %s has no device %r (it serves: %s)" %
+                             (self.address, dev, ", ".join(ids) or "none"))
+        return dev
+
+    def close(self):
+        """Ends the session (the daemon frees its regions and graphs) and, once no Graph of this
+        client is alive, destroys the libgraphd client. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            L = _lib.lib()
+            if self._session:
+                L.graphd_goodbye(self._h)
+                self._session = False
+            for pool in self._owned_pools:  # empty now that the session's regions are gone
+                L.graphd_pool_delete(self._h, pool.encode())
+            self._owned_pools = []
+            if self._live_graphs == 0:
+                L.graphd_close(self._h)
+                self._h = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self):
+        return "<graphd.Client %s%s>" % (self.address, " closed" if self._closed else "")
+
+    # ---- modules and graphs (used by graphd.make_graphed_callables) --------------------
+
+    def register_module(self, archive, name=None):
+        """Registers a TorchScript archive (bytes) for this client's session; returns its id."""
+        mid = ctypes.c_uint64(0)
+        fn = _lib.capture_fn("graphd_module_register")
+        with self._lock:
+            self._check_open()
+            self._ensure_session()
+            rc = fn(self._h, archive, len(archive), name.encode()[:63] if name else None,
+                    ctypes.byref(mid))
+            if rc != 0:
+                raise self._fail(rc, "RegisterModule failed")
+        return int(mid.value)
+
+    def release_module(self, module_id):
+        fn = _lib.capture_fn("graphd_module_release")
+        with self._lock:
+            self._check_open()
+            rc = fn(self._h, int(module_id))
+            if rc != 0:
+                raise self._fail(rc, "ReleaseModule failed")
+
+    def capture(self, callables, num_warmup_iters=3, allow_unused_input=False, pool=None):
+        """Captures callables, a list of (module_id, method or None, [(dtype code, shape,
+        requires_grad), ...]), in one Capture call sharing one pool (a PoolHandle, a pool name,
+        or None: the daemon's default pool). Returns one Graph per callable."""
+        n = len(callables)
+        cs = (_lib.Callable * n)()
+        keep = []
+        for i, (module_id, method, specs) in enumerate(callables):
+            arr = (_lib.TensorSpec * max(len(specs), 1))()
+            for j, (dtype, shape, requires_grad) in enumerate(specs):
+                if len(shape) > _lib.GRAPHD_MAX_DIMS:
+                    raise make_error("INVALID_ARGUMENT", "sample arg %d of callable %d has %d "
+                                     "dimensions, at most %d" % (j, i, len(shape),
+                                                                 _lib.GRAPHD_MAX_DIMS))
+                arr[j].dtype = dtype
+                arr[j].ndim = len(shape)
+                for k, s in enumerate(shape):
+                    arr[j].shape[k] = int(s)
+                arr[j].requires_grad = 1 if requires_grad else 0
+            keep.append(arr)
+            cs[i].module_id = module_id
+            cs[i].method = method.encode() if method else None
+            cs[i].n_args = len(specs)
+            cs[i].args = arr
+        opts = _lib.CaptureOpts()
+        _lib.capture_fn("graphd_capture_opts_init")(ctypes.byref(opts))
+        opts.num_warmup_iters = int(num_warmup_iters)
+        opts.allow_unused_input = 1 if allow_unused_input else 0
+        pool_name = pool.name if isinstance(pool, PoolHandle) else pool
+        opts.pool = pool_name.encode() if pool_name else None
+        handles = (ctypes.c_void_p * n)()
+        fn = _lib.capture_fn("graphd_capture")
+        with self._lock:
+            self._check_open()
+            self._ensure_session()
+            rc = fn(self._h, n, cs, ctypes.byref(opts), handles)
+            if rc != 0:
+                raise self._fail(rc, "Capture failed")
+            self._live_graphs += n
+        graphs = []
+        try:
+            for i in range(n):
+                graphs.append(Graph(self, ctypes.c_void_p(handles[i]), pool))
+        except BaseException:
+            for i in range(len(graphs), n):
+                self._release_graph(ctypes.c_void_p(handles[i]))
+            raise
+        return graphs
+
+    def _replay(self, handle, phase, rpc):
+        ns = ctypes.c_uint64(0)
+        fn = _lib.capture_fn("graphd_replay_rpc" if rpc else "graphd_replay")
+        with self._lock:
+            self._check_open()
+            rc = fn(handle, int(phase), ctypes.byref(ns))
+            if rc != 0:
+                raise self._fail(rc, "Replay failed")
+        return int(ns.value)
+
+    def _release_graph(self, handle):
+        if _exiting:
+            return  # the process is going: the daemon reclaims on EOF
+        with self._lock:
+            if not self._h:
+                return
+            _lib.capture_fn("graphd_graph_release")(handle)
+            self._live_graphs -= 1
+            if self._closed and self._live_graphs == 0:
+                _lib.lib().graphd_close(self._h)
+                self._h = None
+
+
+_default = None
+_default_lock = threading.Lock()
+
+
+def default_client():
+    """The process-wide client (address from $GRAPHD_ADDRESS), made on first use and closed at
+    exit."""
+    global _default
+    with _default_lock:
+        if _default is None or _default._closed:
+            _default = Client()
+        return _default
+
+
+def graph_pool_handle(name=None, device=None, client=None):
+    """A pool token for make_graphed_callables(pool=...). With a name, that daemon pool (created
+    when missing): the same name from several processes shares one pool. Without one, a new
+    pool private to this process, deleted when its client closes. device: "cpu" (default) or a
+    device the daemon serves; a named pool that exists on another device is a ValueError."""
+    c = client or default_client()
+    dev = c.check_device(device)
+    owned = name is None
+    if owned:
+        name = "py-%d-%s" % (os.getpid(), secrets.token_hex(6))
+    try:
+        info = c.create_pool(name, dev)
+    except GraphdError as e:
+        if e.code != "ALREADY_EXISTS" or owned:
+            raise
+        info = next((p for p in c.pools() if p["name"] == name), None)
+        if info is None:  # deleted in between
+            info = c.create_pool(name, dev)
+        elif device is not None and info["device"] != dev:
+            raise ValueError("graphd pool %r is on %s, not %s" % (name, info["device"], dev))
+    if owned:
+        with c._lock:
+            c._owned_pools.append(name)
+    return PoolHandle(name, info["device"], owned)
+
+
+def _close_all():
+    global _exiting
+    for c in list(_clients):
+        try:
+            c.close()
+        except Exception:  # the daemon may be gone already; nothing to tell anyone at exit
+            pass
+    _exiting = True
+
+
+atexit.register(_close_all)

@@ -1,0 +1,63 @@
+"""Exceptions for failures reported by graphd or libgraphd.
+
+Every failure is a GraphdError carrying the error's name (``code``: the gRPC status name such as
+"NOT_FOUND", or a client-local name such as "ESYS"), libgraphd's numeric code (``errno``) and the
+message (the daemon's, when it sent one). The commonest codes have subclasses so that callers can
+catch, say, ``graphd.NotFound``.
+"""
+
+
+class GraphdError(Exception):
+    """A graphd call failed. ``code``: "INVALID_ARGUMENT" etc.; ``errno``: libgraphd's code
+    (negative; 0 for errors raised by the Python package itself); ``message``: the text."""
+
+    code = "UNKNOWN"
+
+    def __init__(self, message, code=None, errno=0):
+        if code is not None:
+            self.code = code
+        self.errno = errno
+        self.message = message
+        super().__init__("%s: %s" % (self.code, message) if message else self.code)
+
+
+class InvalidArgument(GraphdError):
+    code = "INVALID_ARGUMENT"
+
+
+class NotFound(GraphdError):
+    code = "NOT_FOUND"
+
+
+class AlreadyExists(GraphdError):
+    code = "ALREADY_EXISTS"
+
+
+class PermissionDenied(GraphdError):
+    code = "PERMISSION_DENIED"
+
+
+class ResourceExhausted(GraphdError):
+    code = "RESOURCE_EXHAUSTED"
+
+
+class FailedPrecondition(GraphdError):
+    code = "FAILED_PRECONDITION"
+
+
+class Unavailable(GraphdError):
+    code = "UNAVAILABLE"
+
+
+class Internal(GraphdError):
+    code = "INTERNAL"
+
+
+_BY_CODE = {cls.code: cls for cls in (InvalidArgument, NotFound, AlreadyExists, PermissionDenied,
+                                      ResourceExhausted, FailedPrecondition, Unavailable,
+                                      Internal)}
+
+
+def make_error(code, message, errno=0):
+    """The GraphdError (subclass when there is one) for a code name."""
+    return _BY_CODE.get(code, GraphdError)(message, code=code, errno=errno)

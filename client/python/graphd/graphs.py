@@ -1,0 +1,424 @@
+"""graphd.make_graphed_callables: torch.cuda.make_graphed_callables with the graphs in graphd.
+
+Mirrors upstream (torch/cuda/graphs.py) step by step: the same argument checks with the same
+exception types and messages, one callable or a tuple sharing one pool, pytree-flattened args and
+outputs, one torch.autograd.Function per callable whose forward and backward replay the remote
+forward and backward graphs, and for an nn.Module the module itself returned with its forward
+replaced (the graph runs when module.training matches the mode at capture, else the original
+forward runs locally).
+
+Where graphd differs, and why:
+- The callable is traced here (torch.jit.trace, a ScriptModule taken as is) and the archive is
+  sent to the daemon, which does the warm-up and the capture on its own copy.
+- Every static tensor lives in a shared region mapped into this process. The module's
+  parameters are rebound to the PARAM tensors (param.data = shared view), so an optimizer
+  updates the daemon's copy in place; the sample args that are plain leaf tensors are rebound to
+  the INPUT tensors, so that, as upstream, filling a sample tensor in place and passing it costs
+  no copy.
+- backward returns clones of the static gradients: a tensor aliasing the static region could
+  become param.grad (AccumulateGrad steals a gradient nobody else references) and the next
+  BACKWARD would then overwrite the user's accumulated gradient.
+- Outputs that do not require grad are marked non-differentiable, so they come back with
+  requires_grad=False as they would from the eager callable.
+"""
+import ctypes
+import io
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_unflatten
+
+from . import _lib
+from .client import PoolHandle, default_client, graph_pool_handle
+from .errors import make_error
+
+_DTYPES = {
+    torch.float32: _lib.DTYPE_FLOAT32, torch.float64: _lib.DTYPE_FLOAT64,
+    torch.float16: _lib.DTYPE_FLOAT16, torch.bfloat16: _lib.DTYPE_BFLOAT16,
+    torch.int64: _lib.DTYPE_INT64, torch.int32: _lib.DTYPE_INT32, torch.int16: _lib.DTYPE_INT16,
+    torch.int8: _lib.DTYPE_INT8, torch.uint8: _lib.DTYPE_UINT8, torch.bool: _lib.DTYPE_BOOL,
+}
+_TORCH_DTYPES = {v: k for k, v in _DTYPES.items()}
+
+_HOOKS_MSG = ("Modules must not have hooks registered at the time they are passed. However, "
+              "registering hooks on modules after passing them through make_graphed_callables "
+              "is allowed.")
+_BUFFERS_MSG = ("In any :class:`~torch.nn.Module` passed to :func:`~make_graphed_callables`, "
+                "only parameters may be trainable. All buffers must have "
+                "``requires_grad=False``.")
+_ARGS_MSG = ("In the beta API, sample_args for each callable must contain only Tensors. Other "
+             "types are not allowed.")
+_AUTOCAST_MSG = ("make_graphed_callables does not support the autocast caching. Please set "
+                 "`cache_enabled=False`.")
+
+_WRAPPED = "m."  # prefix of the user's module inside _FlatCall
+
+
+class _FlatCall(torch.nn.Module):
+    """Calls the user's callable with its args rebuilt from flat tensors and returns the outputs
+    flattened, so the traced archive's forward takes and returns flat tensors (what the daemon's
+    Capture describes), whatever pytree structure the user's callable has."""
+
+    def __init__(self, func, in_spec):
+        super().__init__()
+        if isinstance(func, torch.nn.Module):
+            self.m = func
+        else:
+            self.__dict__["fn"] = func  # a plain attribute, never a submodule
+        self.__dict__["in_spec"] = in_spec
+        self.__dict__["out_spec"] = None
+
+    def forward(self, *flat):
+        args = tree_unflatten(list(flat), self.in_spec)
+        out = (self.m if "m" in self._modules else self.fn)(*args)
+        leaves, self.__dict__["out_spec"] = tree_flatten(out)
+        return tuple(leaves)
+
+
+class _Unchanged:
+    """Runs a block without leaving a trace in module state or the RNG stream: buffers (BatchNorm
+    running stats) are restored and the CPU RNG is forked, so tracing is invisible to the user's
+    training run."""
+
+    def __init__(self, func):
+        self.buffers = list(func.buffers()) if isinstance(func, torch.nn.Module) else []
+
+    def __enter__(self):
+        with torch.no_grad():
+            self.saved = [b.clone() for b in self.buffers]
+        self.rng = torch.random.fork_rng(devices=[])
+        self.rng.__enter__()
+
+    def __exit__(self, *exc):
+        self.rng.__exit__(*exc)
+        with torch.no_grad():
+            for b, s in zip(self.buffers, self.saved):
+                b.copy_(s)
+
+
+def _autocast_enabled():
+    """Upstream's check (CUDA autocast), and CPU autocast: graphd's graphs run on the CPU."""
+    if torch.is_autocast_enabled():
+        return True
+    try:
+        return torch.is_autocast_enabled("cpu")  # torch >= 2.4
+    except TypeError:
+        return torch.is_autocast_cpu_enabled()
+
+
+def _callable_name(func):
+    if isinstance(func, torch.nn.Module):
+        return type(func).__name__
+    return getattr(func, "__name__", None) or type(func).__name__
+
+
+def _trace(func, args, flat_args):
+    """(archive bytes, output spec, parameter name prefix in the archive)."""
+    as_is = (isinstance(func, torch.jit.ScriptModule) and isinstance(args, tuple)
+             and len(args) == len(flat_args) and all(isinstance(a, torch.Tensor) for a in args))
+    with _Unchanged(func):
+        if as_is:
+            with torch.no_grad():
+                out_spec = tree_flatten(func(*args))[1]
+            scripted, prefix = func, ""
+        else:
+            wrapper = _FlatCall(func, tree_flatten(args)[1])
+            if isinstance(func, torch.nn.Module):
+                wrapper.training = func.training  # not .train(): keeps the submodules' own modes
+            scripted = torch.jit.trace(wrapper, tuple(flat_args), check_trace=False)
+            out_spec, prefix = wrapper.out_spec, _WRAPPED
+    buf = io.BytesIO()
+    torch.jit.save(scripted, buf)
+    return buf.getvalue(), out_spec, prefix
+
+
+def _spec(t, i, j):
+    dtype = _DTYPES.get(t.dtype)
+    if dtype is None:
+        raise TypeError("graphd: sample arg %d of callable %d has dtype %s, which graphd does not "
+                        "carry (it takes %s)" % (j, i, t.dtype,
+                                                 ", ".join(str(d) for d in _DTYPES)))
+    return dtype, tuple(t.shape), bool(t.requires_grad)
+
+
+def _view(desc, owner):
+    """A torch tensor over a static tensor's mapped memory, no copy. It keeps owner (the Graph,
+    which owns the mapping) alive."""
+    dtype = _TORCH_DTYPES.get(desc.dtype)
+    if dtype is None:
+        raise make_error("INTERNAL", "static tensor %r has unknown dtype %d" %
+                         (_lib.text(desc.name), desc.dtype))
+    shape = tuple(desc.shape[k] for k in range(desc.ndim))
+    strides = tuple(desc.strides[k] for k in range(desc.ndim))
+    if any(s == 0 for s in shape):
+        return torch.empty(shape, dtype=dtype)  # nothing to share
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    extent = 1 + sum((s - 1) * st for s, st in zip(shape, strides))
+    if extent * itemsize > desc.nbytes or not desc.data:
+        raise make_error("INTERNAL", "static tensor %r: %d bytes cannot hold shape %s" %
+                         (_lib.text(desc.name), desc.nbytes, shape))
+    mem = (ctypes.c_byte * (extent * itemsize)).from_address(desc.data)
+    mem.graphd_graph = owner
+    return torch.frombuffer(mem, dtype=dtype).as_strided(shape, strides)
+
+
+class _Static:
+    """The static tensors of one graph, as torch views, by role."""
+
+    def __init__(self, graph, n_args):
+        self.graph = graph
+        by_role = {r: {} for r in _lib.ROLE_NAMES}
+        names = {}
+        flags = {}
+        for d in graph.tensors:
+            by_role[d.role][d.index] = _view(d, graph)
+            names[(d.role, d.index)] = _lib.text(d.name)
+            flags[(d.role, d.index)] = bool(d.requires_grad)
+
+        def ordered(role):
+            got = by_role[role]
+            if sorted(got) != list(range(len(got))):
+                raise make_error("INTERNAL", "graph %d: %s indices %s are not 0..n-1" %
+                                 (graph.id, _lib.ROLE_NAMES[role], sorted(got)))
+            return [got[k] for k in range(len(got))]
+
+        self.inputs = ordered(_lib.ROLE_INPUT)
+        if len(self.inputs) != n_args:
+            raise make_error("INTERNAL", "graph %d has %d inputs, %d sample args were sent" %
+                             (graph.id, len(self.inputs), n_args))
+        self.outputs = ordered(_lib.ROLE_OUTPUT)
+        self.output_requires_grad = [flags[(_lib.ROLE_OUTPUT, k)]
+                                     for k in range(len(self.outputs))]
+        self.grad_outputs = by_role[_lib.ROLE_GRAD_OUTPUT]  # output index => view
+        self.grad_inputs = by_role[_lib.ROLE_GRAD_INPUT]    # arg index => view
+        self.params = ordered(_lib.ROLE_PARAM)
+        self.param_names = [names[(_lib.ROLE_PARAM, k)] for k in range(len(self.params))]
+        self.param_grads = by_role[_lib.ROLE_PARAM_GRAD]    # param index => view
+
+
+def _same_tensor(a, b):
+    return (a.data_ptr() == b.data_ptr() and a.dtype == b.dtype and a.shape == b.shape
+            and a.stride() == b.stride())
+
+
+class _Runner:
+    """What one graphed callable's autograd Function needs: the graph, its static tensors, the
+    user's parameters (in PARAM order) and the output structure."""
+
+    def __init__(self, graph, static, n_args, module_params, out_spec):
+        self.graph = graph
+        self.static = static
+        self.n_args = n_args
+        self.module_params = tuple(module_params)
+        self.out_spec = out_spec
+        self.no_grad_outputs = [k for k, rg in enumerate(static.output_requires_grad) if not rg]
+
+    def __call__(self, *user_args, **user_kwargs):
+        if user_kwargs:
+            raise TypeError("graphd: a graphed callable takes its args as in sample_args "
+                            "(positional only), not keyword args %s" % sorted(user_kwargs))
+        flat = tree_flatten(user_args)[0]
+        if len(flat) != self.n_args:
+            raise TypeError("graphd: the graphed callable was captured with %d tensor args, "
+                            "got %d" % (self.n_args, len(flat)))
+        out = _Graphed.apply(self, *(tuple(flat) + self.module_params))
+        return tree_unflatten(list(out), self.out_spec)
+
+
+class _Graphed(torch.autograd.Function):
+    """Upstream's Graphed: forward and backward replay the remote graphs over static tensors."""
+
+    @staticmethod
+    def forward(ctx, runner, *inputs):
+        s = runner.static
+        ctx.runner = runner
+        ctx.set_materialize_grads(False)
+        # Only the user args may be new tensors; parameters are the static tensors unless the
+        # same Parameter is shared with another graphed callable (or was rebound since).
+        for k, (static, x) in enumerate(zip(s.inputs, inputs)):
+            if not _same_tensor(static, x):
+                if x.shape != static.shape:  # copy_ would broadcast it silently
+                    raise RuntimeError("graphd: arg %d has shape %s, but the callable was "
+                                       "captured with %s" % (k, tuple(x.shape),
+                                                             tuple(static.shape)))
+                static.copy_(x)
+        for static, p in zip(s.params, inputs[runner.n_args:]):
+            if static.data_ptr() != p.data_ptr():
+                static.copy_(p)
+        runner.graph.replay(_lib.PHASE_FORWARD)
+        outs = tuple(o.detach() for o in s.outputs)
+        if runner.no_grad_outputs:
+            ctx.mark_non_differentiable(*(outs[k] for k in runner.no_grad_outputs))
+        return outs
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, *grads):
+        runner = ctx.runner
+        s = runner.static
+        for k, static in s.grad_outputs.items():
+            grad = grads[k]
+            if grad is None:
+                static.zero_()
+            elif not _same_tensor(static, grad):
+                static.copy_(grad)
+        runner.graph.replay(_lib.PHASE_BACKWARD)
+        need = ctx.needs_input_grad
+        result = [None]  # the runner
+        for k in range(runner.n_args):
+            g = s.grad_inputs.get(k)
+            result.append(g.clone() if g is not None and need[1 + k] else None)
+        for k in range(len(runner.module_params)):
+            g = s.param_grads.get(k)
+            result.append(g.clone() if g is not None and need[1 + runner.n_args + k] else None)
+        return tuple(result)
+
+
+def _resolve_pool(client, pool, device):
+    dev = client.check_device(device) if device is not None else None
+    if isinstance(pool, PoolHandle):
+        if dev is not None and pool.device != dev:
+            raise ValueError("graphd: pool %r is on %s, but device=%r" % (pool.name, pool.device,
+                                                                          device))
+        return pool
+    if isinstance(pool, str):
+        return pool
+    if pool is not None:
+        raise TypeError("graphd: pool must be a graphd.graph_pool_handle(), a pool name or None, "
+                        "not %s" % type(pool).__name__)
+    if dev is not None and dev != "cpu:0":
+        return graph_pool_handle(device=dev, client=client)
+    return None  # the daemon's default pool
+
+
+def _bind_params(func, prefix, static, graph_id, bound):
+    """The user's Parameters in PARAM order; each rebound to its static view (values copied in
+    first) unless an earlier callable of this call already bound it."""
+    if not isinstance(func, torch.nn.Module):
+        if static.params:
+            raise make_error("INTERNAL", "graph %d has parameters but the callable is not a "
+                             "module" % graph_id)
+        return []
+    named = dict((prefix + n, p) for n, p in func.named_parameters())
+    params = []
+    for k, name in enumerate(static.param_names):
+        p = named.get(name)
+        if p is None:
+            raise make_error("INTERNAL", "graph %d: parameter %r is not one of the module's (%s)"
+                             % (graph_id, name, ", ".join(sorted(named))))
+        params.append(p)
+    if len(params) != len(named):
+        raise make_error("INTERNAL", "graph %d has %d parameters, the module %d" %
+                         (graph_id, len(params), len(named)))
+    with torch.no_grad():
+        for p, view in zip(params, static.params):
+            if id(p) in bound:
+                continue
+            if p.dtype != view.dtype or p.shape != view.shape:
+                raise make_error("INTERNAL", "parameter is %s%s, its static tensor %s%s" %
+                                 (p.dtype, tuple(p.shape), view.dtype, tuple(view.shape)))
+            view.copy_(p)
+            p.data = view
+            bound.add(id(p))
+    return params
+
+
+def _bind_sample_args(flat_args, static, bound):
+    """As upstream, where the sample args are the static inputs: a sample arg that is a plain
+    leaf tensor (not a view, not a Parameter) now lives in the static input, so a loop that fills
+    it in place and passes it pays no copy."""
+    with torch.no_grad():
+        for x, view in zip(flat_args, static.inputs):
+            if (id(x) in bound or isinstance(x, torch.nn.Parameter) or not x.is_leaf
+                    or x._base is not None or x.dtype != view.dtype or x.shape != view.shape
+                    or x.device != view.device or view.numel() == 0):
+                continue
+            view.copy_(x)
+            x.data = view
+            bound.add(id(x))
+
+
+def make_graphed_callables(callables, sample_args, num_warmup_iters=3, allow_unused_input=False,
+                           pool=None, device=None):
+    r"""Accepts callables (functions or nn.Modules) and returns graphed versions whose forward
+    and backward replay graphs captured in graphd: the same signature and semantics as
+    torch.cuda.make_graphed_callables (see its documentation), plus ``device`` (None or "cpu":
+    graphd's CPU device; otherwise a device the daemon serves).
+
+    callables: an nn.Module or function, or a tuple of them (captured in one pool, in the order
+    they run). sample_args: a tuple of (pytrees of) tensors, or for a tuple of callables a tuple
+    of such tuples. pool: graphd.graph_pool_handle(...), a pool name, or None (the daemon's
+    default pool). A module comes back as itself with its forward replaced and its parameters
+    living in shared memory; a function comes back as a new callable.
+    """
+    if _autocast_enabled() and torch.is_autocast_cache_enabled():
+        raise RuntimeError(_AUTOCAST_MSG)
+
+    just_one_callable = False
+    if not isinstance(callables, tuple):
+        just_one_callable = True
+        callables = (callables,)
+        sample_args = (sample_args,)
+    assert len(sample_args) == len(callables), (
+        "make_graphed_callables: %d callables but %d sample_args tuples" %
+        (len(callables), len(sample_args)))
+
+    flatten_sample_args = []
+    for c, args in zip(callables, sample_args):
+        if isinstance(c, torch.nn.Module):
+            assert (len(c._backward_hooks) == 0 and len(c._forward_hooks) == 0
+                    and len(c._forward_pre_hooks) == 0), _HOOKS_MSG
+            assert all(b.requires_grad is False for b in c.buffers()), _BUFFERS_MSG
+        flatten_arg = tree_flatten(tuple(args))[0]
+        flatten_sample_args.append(tuple(flatten_arg))
+        assert all(isinstance(arg, torch.Tensor) for arg in flatten_arg), _ARGS_MSG
+
+    client = default_client()
+    pool = _resolve_pool(client, pool, device)
+
+    # Trace and register every callable, then capture them in one call: one pool, forwards in
+    # order and backwards in reverse order, as upstream.
+    traced = []
+    module_ids = []
+    try:
+        for i, (func, args, flat) in enumerate(zip(callables, sample_args, flatten_sample_args)):
+            archive, out_spec, prefix = _trace(func, tuple(args), flat)
+            module_ids.append(client.register_module(archive, _callable_name(func)))
+            traced.append((out_spec, prefix))
+        specs = [(mid, None, [_spec(t, i, j) for j, t in enumerate(flat)])
+                 for i, (mid, flat) in enumerate(zip(module_ids, flatten_sample_args))]
+        graphs = client.capture(specs, num_warmup_iters=num_warmup_iters,
+                                allow_unused_input=allow_unused_input, pool=pool)
+    finally:
+        for mid in module_ids:  # the graphs own a copy: the modules are not needed any more
+            try:
+                client.release_module(mid)
+            except Exception:
+                pass
+
+    ret = []
+    bound = set()
+    for func, flat, graph, (out_spec, prefix) in zip(callables, flatten_sample_args, graphs,
+                                                     traced):
+        static = _Static(graph, len(flat))
+        params = _bind_params(func, prefix, static, graph.id, bound)
+        _bind_sample_args(flat, static, bound)
+        graphed = _Runner(graph, static, len(flat), params, out_spec)
+
+        if isinstance(func, torch.nn.Module):
+            def make_graphed_forward(func, graph_training_state, graphed, orig_fwd):
+                def new_fwd(*user_args, **user_kwargs):
+                    # If the module's training-or-eval state matches what we graphed, run the
+                    # graph, otherwise run the original forward method.
+                    if func.training == graph_training_state:
+                        return graphed(*user_args, **user_kwargs)
+                    return orig_fwd(*user_args, **user_kwargs)
+                return new_fwd
+            func.forward = make_graphed_forward(func, func.training, graphed, func.forward)
+            func._graphd_runner = graphed  # the graph and its static tensors, for inspection
+            ret.append(func)
+        else:
+            ret.append(graphed)
+
+    if just_one_callable:
+        return ret[0]
+    return tuple(ret)

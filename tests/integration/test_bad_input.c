@@ -1,0 +1,619 @@
+/*
+ * Bad input gets a precise status and never hurts anyone else: bad pools,
+ * names, sizes and regions through libgraphd; undecodable, hand-made and
+ * oversize gRPC messages through raw calls; garbage, out-of-order and
+ * forged frames on the session socket.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+
+#include <errno.h>
+#include <poll.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "../lib/harness.h"
+#include "graphd_frame.h"
+
+#define M(name) "/graphd.v1.Graphd/" name
+
+enum { OK = 0, INVALID_ARGUMENT = 3, NOT_FOUND = 5, RESOURCE_EXHAUSTED = 8 };
+enum { FAILED_PRECONDITION = 9, UNIMPLEMENTED = 12 };
+
+/* ---- a little protobuf by hand, for messages libgraphd would never send ---------------- */
+
+typedef struct pb {
+    uint8_t buf[256];
+    size_t len;
+} pb_t;
+
+static void pb_varint(pb_t *p, uint64_t v)
+{
+    while (v >= 0x80) {
+        p->buf[p->len++] = (uint8_t)(v | 0x80);
+        v >>= 7;
+    }
+    p->buf[p->len++] = (uint8_t)v;
+}
+
+static void pb_uint(pb_t *p, unsigned field, uint64_t v)
+{
+    pb_varint(p, (uint64_t)field << 3);
+    pb_varint(p, v);
+}
+
+static void pb_fixed64(pb_t *p, unsigned field, uint64_t v)
+{
+    pb_varint(p, (uint64_t)field << 3 | 1);
+    for (int i = 0; i < 8; i++)
+        p->buf[p->len++] = (uint8_t)(v >> (8 * i));
+}
+
+static void pb_bytes(pb_t *p, unsigned field, const void *data, size_t n)
+{
+    pb_varint(p, (uint64_t)field << 3 | 2);
+    pb_varint(p, n);
+    memcpy(p->buf + p->len, data, n);
+    p->len += n;
+}
+
+/* SessionRef{id, token} as field 1 of the enclosing message. */
+static void pb_session(pb_t *p, uint64_t id, uint64_t token)
+{
+    pb_t ref = {.len = 0};
+    pb_uint(&ref, 1, id);
+    pb_fixed64(&ref, 2, token);
+    pb_bytes(p, 1, ref.buf, ref.len);
+}
+
+static int pb_read_varint(const uint8_t **p, const uint8_t *end, uint64_t *v)
+{
+    *v = 0;
+    for (int shift = 0; *p < end && shift < 64; shift += 7) {
+        uint8_t b = *(*p)++;
+        *v |= (uint64_t)(b & 0x7f) << shift;
+        if (!(b & 0x80))
+            return 0;
+    }
+    return -1;
+}
+
+/* Calls field(tag, wire type, varint value or length-delimited bytes) for each field. */
+static int pb_walk(const uint8_t *p, size_t n,
+                   void (*field)(void *ctx, unsigned tag, uint64_t v, const uint8_t *d, size_t dn),
+                   void *ctx)
+{
+    const uint8_t *end = p + n;
+    while (p < end) {
+        uint64_t key, v = 0;
+        if (pb_read_varint(&p, end, &key) != 0)
+            return -1;
+        const uint8_t *d = NULL;
+        size_t dn = 0;
+        switch (key & 7) {
+        case 0:
+            if (pb_read_varint(&p, end, &v) != 0)
+                return -1;
+            break;
+        case 1:
+            if (end - p < 8)
+                return -1;
+            for (int i = 0; i < 8; i++)
+                v |= (uint64_t)p[i] << (8 * i);
+            p += 8;
+            break;
+        case 2:
+            if (pb_read_varint(&p, end, &v) != 0 || (uint64_t)(end - p) < v)
+                return -1;
+            d = p, dn = (size_t)v;
+            p += v;
+            break;
+        case 5:
+            if (end - p < 4)
+                return -1;
+            p += 4;
+            break;
+        default:
+            return -1;
+        }
+        field(ctx, (unsigned)(key >> 3), v, d, dn);
+    }
+    return 0;
+}
+
+typedef struct raw_session {
+    uint64_t id, token;
+    char socket[108];
+} raw_session_t;
+
+static void on_ref_field(void *ctx, unsigned tag, uint64_t v, const uint8_t *d, size_t dn)
+{
+    raw_session_t *s = ctx;
+    (void)d, (void)dn;
+    if (tag == 1)
+        s->id = v;
+    else if (tag == 2)
+        s->token = v;
+}
+
+static void on_hello_field(void *ctx, unsigned tag, uint64_t v, const uint8_t *d, size_t dn)
+{
+    raw_session_t *s = ctx;
+    (void)v;
+    if (tag == 1 && d != NULL)
+        pb_walk(d, dn, on_ref_field, s);
+    else if (tag == 3 && d != NULL && dn < sizeof(s->socket)) {
+        memcpy(s->socket, d, dn);
+        s->socket[dn] = '\0';
+    }
+}
+
+/* Hello by raw gRPC: a session whose id and token this test knows. */
+static void raw_hello(const harness_t *h, raw_session_t *s)
+{
+    pb_t req = {.len = 0};
+    pb_bytes(&req, 1, "raw", 3);
+    pb_uint(&req, 2, (uint64_t)getpid());
+    pb_uint(&req, 3, 1);
+    uint8_t reply[4096];
+    size_t reply_len = sizeof(reply);
+    char details[256];
+    assert_int_equal(harness_raw_call(h->address, M("Hello"), req.buf, req.len, details,
+                                      sizeof(details), reply, &reply_len),
+                     OK);
+    memset(s, 0, sizeof(*s));
+    assert_int_equal(pb_walk(reply, reply_len, on_hello_field, s), 0);
+    assert_true(s->id != 0);
+    assert_true(s->socket[0] != '\0');
+}
+
+/* ---- session-socket helpers ------------------------------------------------------------ */
+
+static int dp_connect(const char *path)
+{
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", path);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    assert_true(fd >= 0);
+    assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    return fd;
+}
+
+static void dp_send(int fd, const void *buf, size_t n)
+{
+    assert_int_equal(send(fd, buf, n, MSG_NOSIGNAL), (ssize_t)n);
+}
+
+static void dp_send_frame(int fd, uint16_t type, uint64_t seq, uint64_t id, uint64_t arg)
+{
+    graphd_frame_t f = {.magic = GRAPHD_FRAME_MAGIC,
+                        .version = GRAPHD_FRAME_VERSION,
+                        .type = type,
+                        .seq = seq,
+                        .id = id,
+                        .arg = arg};
+    uint8_t raw[GRAPHD_FRAME_SIZE];
+    graphd_frame_encode(&f, raw);
+    dp_send(fd, raw, sizeof(raw));
+}
+
+/* Reads exactly n bytes within 5 s; returns bytes read (< n at EOF), closing passed fds. */
+static size_t dp_read(int fd, void *buf, size_t n)
+{
+    size_t got = 0;
+    while (got < n) {
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        if (poll(&p, 1, 5000) <= 0)
+            fail_msg("no data on the session socket within 5 s");
+        char control[CMSG_SPACE(sizeof(int) * 4)];
+        struct iovec iov = {.iov_base = (char *)buf + got, .iov_len = n - got};
+        struct msghdr msg = {.msg_iov = &iov,
+                             .msg_iovlen = 1,
+                             .msg_control = control,
+                             .msg_controllen = sizeof(control)};
+        ssize_t r = recvmsg(fd, &msg, MSG_CMSG_CLOEXEC);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0 && errno == ECONNRESET)
+            return got;
+        assert_true(r >= 0);
+        for (struct cmsghdr *cm = CMSG_FIRSTHDR(&msg); cm; cm = CMSG_NXTHDR(&msg, cm))
+            if (cm->cmsg_type == SCM_RIGHTS)
+                for (size_t i = 0; i < (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int); i++)
+                    close(((int *)CMSG_DATA(cm))[i]);
+        if (r == 0)
+            return got;
+        got += (size_t)r;
+    }
+    return got;
+}
+
+/* Reads one frame (and its message) and checks magic and version. */
+static void dp_recv_frame(int fd, graphd_frame_t *f, char *msg, size_t msg_size)
+{
+    uint8_t raw[GRAPHD_FRAME_SIZE];
+    assert_int_equal(dp_read(fd, raw, sizeof(raw)), sizeof(raw));
+    graphd_frame_decode(raw, f);
+    assert_int_equal(f->magic, GRAPHD_FRAME_MAGIC);
+    assert_int_equal(f->version, GRAPHD_FRAME_VERSION);
+    assert_true(f->msg_len <= GRAPHD_FRAME_MAX_MSG);
+    assert_true(f->msg_len < msg_size);
+    assert_int_equal(dp_read(fd, msg, f->msg_len), f->msg_len);
+    msg[f->msg_len] = '\0';
+}
+
+/* The daemon must answer with one ERROR frame (INVALID_ARGUMENT) and then close. */
+static void expect_error_then_close(int fd, const char *what)
+{
+    graphd_frame_t f;
+    char msg[GRAPHD_FRAME_MAX_MSG + 1];
+    uint8_t raw[GRAPHD_FRAME_SIZE];
+    size_t got = dp_read(fd, raw, sizeof(raw));
+    if (got != sizeof(raw))
+        fail_msg("%s: %zu bytes then EOF instead of an ERROR frame", what, got);
+    graphd_frame_decode(raw, &f);
+    assert_int_equal(f.magic, GRAPHD_FRAME_MAGIC);
+    assert_true(f.msg_len < sizeof(msg));
+    assert_int_equal(dp_read(fd, msg, f.msg_len), f.msg_len);
+    msg[f.msg_len] = '\0';
+    assert_int_equal(f.type, GRAPHD_FRAME_ERROR);
+    assert_int_equal(f.status, INVALID_ARGUMENT);
+    assert_true(f.msg_len > 0);
+    uint8_t more;
+    assert_int_equal(dp_read(fd, &more, 1), 0); /* EOF */
+    close(fd);
+}
+
+/* A client that still works end to end: alloc, write, free. */
+static void still_serving(graphd_client_t *c)
+{
+    graphd_region_t *r;
+    assert_int_equal(graphd_region_alloc(c, NULL, 4096, &r), GRAPHD_OK);
+    memset(graphd_region_ptr(r), 1, 4096);
+    assert_int_equal(graphd_region_free(c, r), GRAPHD_OK);
+}
+
+/* ---- through libgraphd ----------------------------------------------------------------- */
+
+static void bad_regions(void **state)
+{
+    harness_t *h = *state;
+    graphd_client_t *c = harness_client(h, "bad-regions");
+    assert_non_null(c);
+    graphd_region_t *r = NULL;
+    assert_int_equal(graphd_region_alloc(c, "no-such-pool", 4096, &r), GRAPHD_ENOT_FOUND);
+    assert_true(strlen(graphd_last_error(c)) > 0);
+    assert_int_equal(graphd_region_alloc(c, NULL, 0, &r), GRAPHD_EINVALID_ARGUMENT);
+    assert_int_equal(graphd_region_alloc(c, NULL, UINT64_MAX, &r), GRAPHD_EINVALID_ARGUMENT);
+    assert_int_equal(graphd_region_alloc(c, NULL, 1ULL << 62, &r), GRAPHD_EINVALID_ARGUMENT);
+    /* Above the daemon's max_region_bytes (64 GiB by default). */
+    assert_int_equal(graphd_region_alloc(c, NULL, 1ULL << 40, &r), GRAPHD_EINVALID_ARGUMENT);
+    assert_null(r);
+    assert_int_equal(graphd_region_free_id(c, 987654321), GRAPHD_ENOT_FOUND);
+    assert_int_equal(graphd_region_map(c, 987654321, &r), GRAPHD_ENOT_FOUND);
+    int rc = graphd_region_free_id(c, 0);
+    assert_true(rc == GRAPHD_ENOT_FOUND || rc == GRAPHD_EINVALID_ARGUMENT);
+    still_serving(c);
+    graphd_close(c);
+}
+
+static void pool_limits(void **state)
+{
+    harness_t *h = *state;
+    graphd_client_t *c = harness_client(h, "limits");
+    assert_non_null(c);
+    assert_int_equal(graphd_pool_create(c, "it-small", NULL, 64 * 1024, NULL), GRAPHD_OK);
+    graphd_region_t *r1, *r2 = NULL;
+    assert_int_equal(graphd_region_alloc(c, "it-small", 64 * 1024 + 1, &r1),
+                     GRAPHD_ERESOURCE_EXHAUSTED);
+    assert_int_equal(graphd_region_alloc(c, "it-small", 40000, &r1), GRAPHD_OK);
+    /* 2 × 40960 page-rounded bytes would pass the 64 KiB limit. */
+    assert_int_equal(graphd_region_alloc(c, "it-small", 40000, &r2), GRAPHD_ERESOURCE_EXHAUSTED);
+    assert_null(r2);
+    assert_int_equal(graphd_region_alloc(c, "it-small", 20000, &r2), GRAPHD_OK);
+
+    assert_int_equal(graphd_pool_delete(c, "it-small"), GRAPHD_EFAILED_PRECONDITION);
+    assert_int_equal(graphd_region_free(c, r1), GRAPHD_OK);
+    assert_int_equal(graphd_pool_delete(c, "it-small"), GRAPHD_EFAILED_PRECONDITION);
+    assert_int_equal(graphd_region_free(c, r2), GRAPHD_OK);
+    assert_int_equal(graphd_pool_delete(c, "it-small"), GRAPHD_OK);
+    assert_int_equal(graphd_pool_delete(c, "it-small"), GRAPHD_ENOT_FOUND);
+    graphd_close(c);
+}
+
+static void pool_names(void **state)
+{
+    harness_t *h = *state;
+    graphd_client_t *c;
+    assert_int_equal(graphd_connect(h->address, &c), GRAPHD_OK);
+    char name[80];
+    memset(name, 'a', 63);
+    name[63] = '\0';
+    assert_int_equal(graphd_pool_create(c, name, NULL, 0, NULL), GRAPHD_OK);
+    assert_int_equal(graphd_pool_delete(c, name), GRAPHD_OK);
+    memset(name, 'a', 64);
+    name[64] = '\0';
+    assert_int_equal(graphd_pool_create(c, name, NULL, 0, NULL), GRAPHD_EINVALID_ARGUMENT);
+
+    const char *bad[] = {"", "bad name", "a/b", "pool\n", "caf\xc3\xa9", "x;y", "../etc"};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        int rc = graphd_pool_create(c, bad[i], NULL, 0, NULL);
+        if (rc != GRAPHD_EINVALID_ARGUMENT)
+            fail_msg("pool name '%s': %s, want INVALID_ARGUMENT", bad[i], graphd_err_name(rc));
+    }
+    assert_int_equal(graphd_pool_create(c, "ok.name_1-2", NULL, 0, NULL), GRAPHD_OK);
+    assert_int_equal(graphd_pool_create(c, "ok.name_1-2", NULL, 0, NULL), GRAPHD_EALREADY_EXISTS);
+    assert_int_equal(graphd_pool_create(c, "default", NULL, 0, NULL), GRAPHD_EALREADY_EXISTS);
+    assert_int_equal(graphd_pool_delete(c, "ok.name_1-2"), GRAPHD_OK);
+    int rc = graphd_pool_delete(c, "");
+    assert_true(rc == GRAPHD_ENOT_FOUND || rc == GRAPHD_EINVALID_ARGUMENT);
+    rc = graphd_pool_create(c, "it-dev", "cuda:7", 0, NULL);
+    if (rc != GRAPHD_ENOT_FOUND && rc != GRAPHD_EINVALID_ARGUMENT)
+        fail_msg("unknown device: %s, want NOT_FOUND or INVALID_ARGUMENT", graphd_err_name(rc));
+    graphd_close(c);
+}
+
+/* ---- raw gRPC -------------------------------------------------------------------------- */
+
+static void undecodable_messages(void **state)
+{
+    harness_t *h = *state;
+    uint8_t junk[16];
+    memset(junk, 0xff, sizeof(junk));
+    const char *methods[] = {M("Hello"),      M("Goodbye"),     M("CreatePool"),
+                             M("DeletePool"), M("AllocRegion"), M("FreeRegion")};
+    for (size_t i = 0; i < sizeof(methods) / sizeof(methods[0]); i++) {
+        char details[256];
+        int st = harness_raw_call(h->address, methods[i], junk, sizeof(junk), details,
+                                  sizeof(details), NULL, NULL);
+        if (st != INVALID_ARGUMENT)
+            fail_msg("%s with 0xff bytes: status %d (%s), want INVALID_ARGUMENT", methods[i], st,
+                     details);
+    }
+    char details[256];
+    assert_int_equal(harness_raw_call(h->address, M("NoSuchMethod"), "", 0, details,
+                                      sizeof(details), NULL, NULL),
+                     UNIMPLEMENTED);
+}
+
+static void forged_sessions(void **state)
+{
+    harness_t *h = *state;
+    pb_t req = {.len = 0};
+    char details[256];
+    pb_session(&req, 999999, 1);
+    pb_uint(&req, 3, 4096);
+    assert_int_equal(harness_raw_call(h->address, M("AllocRegion"), req.buf, req.len, details,
+                                      sizeof(details), NULL, NULL),
+                     NOT_FOUND);
+
+    /* A real session with the wrong token looks exactly like an unknown one. */
+    graphd_client_t *c = harness_client(h, "victim");
+    assert_non_null(c);
+    graphd_region_t *r;
+    assert_int_equal(graphd_region_alloc(c, NULL, 4096, &r), GRAPHD_OK);
+    req.len = 0;
+    pb_session(&req, graphd_session_id(c), 0x1234);
+    pb_uint(&req, 3, 4096);
+    assert_int_equal(harness_raw_call(h->address, M("AllocRegion"), req.buf, req.len, details,
+                                      sizeof(details), NULL, NULL),
+                     NOT_FOUND);
+    req.len = 0;
+    pb_session(&req, graphd_session_id(c), 0x1234);
+    pb_uint(&req, 2, graphd_region_id(r));
+    assert_int_equal(harness_raw_call(h->address, M("FreeRegion"), req.buf, req.len, details,
+                                      sizeof(details), NULL, NULL),
+                     NOT_FOUND);
+    req.len = 0;
+    pb_session(&req, graphd_session_id(c), 0x1234);
+    assert_int_equal(harness_raw_call(h->address, M("Goodbye"), req.buf, req.len, details,
+                                      sizeof(details), NULL, NULL),
+                     NOT_FOUND);
+    /* A forged ATTACH for it is refused, and the real session is untouched. */
+    int fd = dp_connect(graphd_session_socket(c));
+    dp_send_frame(fd, GRAPHD_FRAME_ATTACH, 1, graphd_session_id(c), 0x1234);
+    graphd_frame_t f;
+    char msg[GRAPHD_FRAME_MAX_MSG + 1];
+    dp_recv_frame(fd, &f, msg, sizeof(msg));
+    assert_true(f.status != 0);
+    close(fd);
+    assert_int_equal(graphd_region_free(c, r), GRAPHD_OK);
+    still_serving(c);
+    graphd_close(c);
+
+    /* Protocol version 2 is refused. */
+    req.len = 0;
+    pb_bytes(&req, 1, "future", 6);
+    pb_uint(&req, 2, (uint64_t)getpid());
+    pb_uint(&req, 3, 2);
+    assert_int_equal(harness_raw_call(h->address, M("Hello"), req.buf, req.len, details,
+                                      sizeof(details), NULL, NULL),
+                     FAILED_PRECONDITION);
+}
+
+static void alloc_before_attach(void **state)
+{
+    harness_t *h = *state;
+    raw_session_t s;
+    raw_hello(h, &s);
+    pb_t req = {.len = 0};
+    char details[256];
+    pb_session(&req, s.id, s.token);
+    pb_uint(&req, 3, 4096);
+    int st = harness_raw_call(h->address, M("AllocRegion"), req.buf, req.len, details,
+                              sizeof(details), NULL, NULL);
+    if (st != FAILED_PRECONDITION)
+        fail_msg("AllocRegion before ATTACH: status %d (%s), want FAILED_PRECONDITION", st,
+                 details);
+    req.len = 0;
+    pb_session(&req, s.id, s.token);
+    assert_int_equal(harness_raw_call(h->address, M("Goodbye"), req.buf, req.len, details,
+                                      sizeof(details), NULL, NULL),
+                     OK);
+}
+
+/* ---- the session socket ---------------------------------------------------------------- */
+
+static void garbage_on_session_socket(void **state)
+{
+    harness_t *h = *state;
+    graphd_client_t *other = harness_client(h, "bystander");
+    assert_non_null(other);
+    const char *path = graphd_session_socket(other);
+
+    /* 40 bytes of garbage. */
+    uint8_t junk[GRAPHD_FRAME_SIZE];
+    memset(junk, 0xee, sizeof(junk));
+    int fd = dp_connect(path);
+    dp_send(fd, junk, sizeof(junk));
+    expect_error_then_close(fd, "garbage");
+
+    /* A well-formed frame with a bad version, and one with an unknown type. */
+    graphd_frame_t f = {.magic = GRAPHD_FRAME_MAGIC, .version = 9, .type = GRAPHD_FRAME_ATTACH};
+    uint8_t raw[GRAPHD_FRAME_SIZE];
+    graphd_frame_encode(&f, raw);
+    fd = dp_connect(path);
+    dp_send(fd, raw, sizeof(raw));
+    expect_error_then_close(fd, "bad version");
+    fd = dp_connect(path);
+    dp_send_frame(fd, 0x1234, 1, 0, 0);
+    expect_error_then_close(fd, "unknown type");
+
+    /* MAP before ATTACH. */
+    fd = dp_connect(path);
+    dp_send_frame(fd, GRAPHD_FRAME_MAP, 1, 1, 0);
+    expect_error_then_close(fd, "MAP before ATTACH");
+
+    /* A truncated frame: 10 bytes, then the write side closes. */
+    fd = dp_connect(path);
+    dp_send(fd, junk, 10);
+    shutdown(fd, SHUT_WR);
+    expect_error_then_close(fd, "truncated frame");
+
+    still_serving(other);
+    graphd_close(other);
+}
+
+static void garbage_ends_attached_session(void **state)
+{
+    harness_t *h = *state;
+    graphd_client_t *watch = harness_client(h, "watch");
+    assert_non_null(watch);
+    raw_session_t s;
+    raw_hello(h, &s);
+    int fd = dp_connect(s.socket);
+    graphd_frame_t f;
+    char msg[GRAPHD_FRAME_MAX_MSG + 1];
+    dp_send_frame(fd, GRAPHD_FRAME_ATTACH, 7, s.id, s.token);
+    dp_recv_frame(fd, &f, msg, sizeof(msg));
+    assert_int_equal(f.type, GRAPHD_FRAME_ATTACH | GRAPHD_FRAME_REPLY);
+    assert_int_equal(f.seq, 7);
+    assert_int_equal(f.status, 0);
+
+    /* A second ATTACH for an attached session is refused; the first connection carries on. */
+    int fd2 = dp_connect(s.socket);
+    dp_send_frame(fd2, GRAPHD_FRAME_ATTACH, 1, s.id, s.token);
+    dp_recv_frame(fd2, &f, msg, sizeof(msg));
+    assert_true(f.status != 0);
+    close(fd2);
+
+    /* An unknown region: an error reply, not a closed connection. */
+    dp_send_frame(fd, GRAPHD_FRAME_MAP, 8, 987654321, 0);
+    dp_recv_frame(fd, &f, msg, sizeof(msg));
+    assert_int_equal(f.type, GRAPHD_FRAME_MAP | GRAPHD_FRAME_REPLY);
+    assert_int_equal(f.seq, 8);
+    assert_int_equal(f.status, NOT_FOUND);
+
+    json_t *st = harness_status(watch);
+    assert_non_null(harness_find_int(json_object_get(st, "sessions"), "id", s.id));
+    json_decref(st);
+
+    /* Garbage: ERROR, close, and the session is gone. */
+    uint8_t junk[GRAPHD_FRAME_SIZE];
+    memset(junk, 0x00, sizeof(junk));
+    dp_send(fd, junk, sizeof(junk));
+    expect_error_then_close(fd, "garbage after ATTACH");
+    int gone = 0;
+    for (int64_t t0 = harness_now_ms(); !gone && harness_now_ms() - t0 < 1000;) {
+        st = harness_status(watch);
+        gone = harness_find_int(json_object_get(st, "sessions"), "id", s.id) == NULL;
+        json_decref(st);
+        if (!gone)
+            usleep(20000);
+    }
+    assert_true(gone);
+    still_serving(watch);
+    graphd_close(watch);
+}
+
+/* ---- a daemon with a small message limit ----------------------------------------------- */
+
+static void oversize_message(void **state)
+{
+    harness_t *h = *state;
+    graphd_client_t *c = harness_client(h, "big");
+    assert_non_null(c);
+    char *name = malloc(10 * 1024 + 1);
+    assert_non_null(name);
+    memset(name, 'n', 10 * 1024);
+    name[10 * 1024] = '\0';
+    assert_int_equal(graphd_pool_create(c, name, NULL, 0, NULL), GRAPHD_ERESOURCE_EXHAUSTED);
+    /* Under the limit but far too long for a name. */
+    name[3000] = '\0';
+    assert_int_equal(graphd_pool_create(c, name, NULL, 0, NULL), GRAPHD_EINVALID_ARGUMENT);
+    free(name);
+    still_serving(c);
+    graphd_close(c);
+}
+
+static int group_setup(void **state)
+{
+    static harness_t h;
+    if (harness_start(&h, NULL) != 0)
+        return -1;
+    *state = &h;
+    return 0;
+}
+
+static int small_limit_setup(void **state)
+{
+    static harness_t h;
+    const char *args[] = {"--max-message-bytes", "4096", NULL};
+    if (harness_start(&h, args) != 0)
+        return -1;
+    *state = &h;
+    return 0;
+}
+
+static int group_teardown(void **state)
+{
+    return harness_stop(*state) == 0 ? 0 : -1;
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(bad_regions),
+        cmocka_unit_test(pool_limits),
+        cmocka_unit_test(pool_names),
+        cmocka_unit_test(undecodable_messages),
+        cmocka_unit_test(forged_sessions),
+        cmocka_unit_test(alloc_before_attach),
+        cmocka_unit_test(garbage_on_session_socket),
+        cmocka_unit_test(garbage_ends_attached_session),
+    };
+    const struct CMUnitTest limit_tests[] = {
+        cmocka_unit_test(oversize_message),
+    };
+    int failed = cmocka_run_group_tests_name("bad_input", tests, group_setup, group_teardown);
+    failed += cmocka_run_group_tests_name("bad_input_small_limit", limit_tests, small_limit_setup,
+                                          group_teardown);
+    return failed;
+}

@@ -1,0 +1,134 @@
+/*
+ * The daemon's life as a client sees it: SIGTERM exits 0 (idle, and with
+ * sessions, regions and an idle channel open); a daemon that is not there
+ * is reported as UNAVAILABLE quickly; host regions outlive the daemon in
+ * the client that maps them.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "../lib/harness.h"
+
+static void sigterm_idle_exits_zero(void **state)
+{
+    (void)state;
+    harness_t h;
+    assert_int_equal(harness_start(&h, NULL), 0);
+    assert_int_equal(harness_stop(&h), 0);
+}
+
+static void sigterm_with_sessions_exits_zero(void **state)
+{
+    (void)state;
+    harness_t h;
+    assert_int_equal(harness_start(&h, NULL), 0);
+    graphd_client_t *a = harness_client(&h, "busy");
+    assert_non_null(a);
+    graphd_client_t *idle;
+    assert_int_equal(graphd_connect(h.address, &idle), GRAPHD_OK);
+    graphd_region_t *r;
+    assert_int_equal(graphd_region_alloc(a, NULL, 1 << 16, &r), GRAPHD_OK);
+    memset(graphd_region_ptr(r), 0x42, 1 << 16);
+    assert_int_equal(graphd_pool_create(a, "it-life", NULL, 0, NULL), GRAPHD_OK);
+
+    assert_int_equal(harness_stop(&h), 0);
+
+    /* The host region stays valid in this process after the daemon is gone. */
+    const unsigned char *p = graphd_region_ptr(r);
+    for (int i = 0; i < 1 << 16; i++)
+        if (p[i] != 0x42)
+            fail_msg("byte %d changed after the daemon exited", i);
+
+    /* Calls now fail with UNAVAILABLE, quickly, and closing does not hang. */
+    int64_t t0 = harness_now_ms();
+    size_t n = 0;
+    assert_int_equal(graphd_list_pools(idle, &n, NULL), GRAPHD_EUNAVAILABLE);
+    graphd_region_t *r2;
+    int rc = graphd_region_alloc(a, NULL, 10, &r2);
+    assert_int_equal(rc, GRAPHD_EUNAVAILABLE);
+    assert_true(harness_now_ms() - t0 < 3000);
+    graphd_close(a);
+    graphd_close(idle);
+    assert_true(harness_now_ms() - t0 < 5000);
+}
+
+static void missing_daemon_is_unavailable_fast(void **state)
+{
+    (void)state;
+    graphd_client_t *c;
+    assert_int_equal(graphd_connect("unix:/tmp/graphd-it-no-such-dir/graphd.sock", &c), GRAPHD_OK);
+    int64_t t0 = harness_now_ms();
+    size_t n = 0;
+    assert_int_equal(graphd_list_devices(c, &n, NULL), GRAPHD_EUNAVAILABLE);
+    assert_true(strlen(graphd_last_error(c)) > 0);
+    assert_int_equal(graphd_hello(c, "nobody"), GRAPHD_EUNAVAILABLE);
+    assert_int_equal(graphd_session_id(c), 0);
+    size_t len = 0;
+    assert_int_equal(graphd_status_json(c, NULL, &len), GRAPHD_EUNAVAILABLE);
+    assert_true(harness_now_ms() - t0 < 2000);
+    graphd_close(c);
+}
+
+static void address_resolution(void **state)
+{
+    (void)state;
+    graphd_client_t *c;
+    assert_int_equal(graphd_connect("/tmp/x.sock", &c), GRAPHD_OK);
+    assert_string_equal(graphd_address(c), "unix:/tmp/x.sock");
+    graphd_close(c);
+
+    char *saved = getenv("GRAPHD_ADDRESS") ? strdup(getenv("GRAPHD_ADDRESS")) : NULL;
+    setenv("GRAPHD_ADDRESS", "unix:/tmp/from-env.sock", 1);
+    assert_int_equal(graphd_connect(NULL, &c), GRAPHD_OK);
+    assert_string_equal(graphd_address(c), "unix:/tmp/from-env.sock");
+    graphd_close(c);
+    unsetenv("GRAPHD_ADDRESS");
+    assert_int_equal(graphd_connect(NULL, &c), GRAPHD_OK);
+    assert_string_equal(graphd_address(c), GRAPHD_DEFAULT_ADDRESS);
+    graphd_close(c);
+    if (saved != NULL) {
+        setenv("GRAPHD_ADDRESS", saved, 1);
+        free(saved);
+    }
+    graphd_close(NULL);
+}
+
+static void error_table(void **state)
+{
+    (void)state;
+    assert_string_equal(graphd_err_name(GRAPHD_OK), "OK");
+    assert_string_equal(graphd_err_name(GRAPHD_EINVALID_ARGUMENT), "INVALID_ARGUMENT");
+    assert_string_equal(graphd_err_name(GRAPHD_EUNAVAILABLE), "UNAVAILABLE");
+    assert_string_equal(graphd_err_name(GRAPHD_ESYS), "ESYS");
+    assert_string_equal(graphd_err_name(GRAPHD_ETRUNC), "ETRUNC");
+    for (int code = 0; code <= 16; code++) {
+        int err = graphd_err_from_grpc(code);
+        assert_int_equal(err, -code);
+        assert_int_equal(graphd_err_to_grpc(err), code);
+        assert_true(strlen(graphd_strerror(err)) > 0);
+    }
+    assert_int_equal(graphd_err_from_grpc(99), GRAPHD_EUNKNOWN);
+    assert_int_equal(graphd_err_from_grpc(-1), GRAPHD_EUNKNOWN);
+    assert_int_equal(graphd_err_to_grpc(GRAPHD_ESYS), -1);
+    assert_string_equal(graphd_strerror(12345), "unknown error code");
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(sigterm_idle_exits_zero),
+        cmocka_unit_test(sigterm_with_sessions_exits_zero),
+        cmocka_unit_test(missing_daemon_is_unavailable_fast),
+        cmocka_unit_test(address_resolution),
+        cmocka_unit_test(error_table),
+    };
+    return cmocka_run_group_tests_name("lifecycle", tests, NULL, NULL);
+}

@@ -1,0 +1,82 @@
+/*
+ * Integration-test harness: runs the real build/graphd on a socket in a
+ * temporary directory, runs build/graphctl and other programs with their
+ * output captured, makes raw gRPC calls (for bytes libgraphd would never
+ * send), and reads the daemon's status as JSON.
+ *
+ * Binaries come from $GRAPHD_BUILD (default: the build directory this test
+ * binary lives in, else "build").
+ */
+#ifndef GRAPHD_TEST_HARNESS_H
+#define GRAPHD_TEST_HARNESS_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include <jansson.h>
+
+#include "graphd.h"
+
+#define HARNESS_PATH_MAX 256
+
+typedef struct harness {
+    char dir[64];                       /* the temporary directory */
+    char sock_path[HARNESS_PATH_MAX];   /* control socket path */
+    char address[HARNESS_PATH_MAX + 8]; /* "unix:" + sock_path */
+    char log_path[HARNESS_PATH_MAX];    /* the daemon's stderr */
+    pid_t pid;                          /* the daemon, 0 when not running */
+} harness_t;
+
+/* The build directory (see above); a static string. */
+const char *harness_build_dir(void);
+
+/*
+ * Starts graphd with --listen unix:<tmp>/graphd.sock --log-level debug
+ * --config /dev/null plus extra_args (NULL-terminated, optional), and waits
+ * up to 10 s until it answers ListDevices. 0 on success; on failure prints
+ * why (and the daemon's log) to stderr, cleans up and returns -1.
+ */
+int harness_start(harness_t *h, const char *const *extra_args);
+/*
+ * Sends SIGTERM and waits up to 10 s: returns the exit status (0 for a clean
+ * exit), 128+signal when it died of a signal, -1 when it had to be killed.
+ * Prints the log when the exit was not clean. Removes the temporary
+ * directory. NULL, or a harness that is not running, returns 0.
+ */
+int harness_stop(harness_t *h);
+/* Prints the daemon's log to stderr (for failing tests). */
+void harness_dump_log(const harness_t *h);
+
+/* A connected client with an open session named name; NULL (and a message) on failure. */
+graphd_client_t *harness_client(const harness_t *h, const char *name);
+
+/* Status as parsed JSON (json_decref it); NULL (and a message) on failure. */
+json_t *harness_status(graphd_client_t *c);
+/* The element of array whose member key is the string value (or integer, for *_int). */
+json_t *harness_find(json_t *array, const char *key, const char *value);
+json_t *harness_find_int(json_t *array, const char *key, uint64_t value);
+/* Integer member key of obj, or -1 (and a message) when missing. */
+long long harness_int(const json_t *obj, const char *key);
+
+/*
+ * Runs argv (argv[0] a path) with stdout and stderr captured into the
+ * caller's buffers (NUL-terminated, truncated to size), waits at most
+ * timeout_ms. Returns the exit status, 128+signal, or -1 when it could not
+ * run or timed out (then it is killed).
+ */
+int harness_run(const char *const *argv, char *out, size_t out_size, char *err, size_t err_size,
+                int timeout_ms);
+
+/*
+ * One unary gRPC call with raw request bytes to method ("/graphd.v1.Graphd/X").
+ * Returns the gRPC status code (or -1 on local failure); details (optional)
+ * gets the status message; reply/reply_len (optional) get the reply bytes.
+ */
+int harness_raw_call(const char *address, const char *method, const void *req, size_t req_len,
+                     char *details, size_t details_size, uint8_t *reply, size_t *reply_len);
+
+/* Milliseconds on the monotonic clock. */
+int64_t harness_now_ms(void);
+
+#endif
