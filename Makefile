@@ -9,6 +9,14 @@ PYTHON   ?= /usr/bin/python3
 # debian: Debian's libtorch-dev (CPU). python: the libtorch inside $(PYTHON)'s torch package.
 TORCH    ?= debian
 SAN      ?=
+V        ?= 0
+ifeq ($(V),0)
+Q    := @
+say   = @printf '  %-6s %s\n' $(1) $(2);
+else
+Q    :=
+say   =
+endif
 
 VERSION  := $(shell cat VERSION 2>/dev/null || echo 0.0.0)
 
@@ -95,19 +103,19 @@ deps:
 
 $(GEN_C) $(GEN_H): proto/graphd.proto
 	@mkdir -p $(BUILD)/gen
-	protoc-c --c_out=$(BUILD)/gen -Iproto proto/graphd.proto
+	$(call say,PROTOC,$<)protoc-c --c_out=$(BUILD)/gen -Iproto proto/graphd.proto
 
 $(BUILD)/obj/%.o: %.c $(GEN_H)
 	@mkdir -p $(dir $@)
-	$(CC) $(ALL_CFLAGS) -c $< -o $@
+	$(call say,CC,$<)$(CC) $(ALL_CFLAGS) -c $< -o $@
 
 $(BUILD)/obj/%.o: %.cpp
 	@mkdir -p $(dir $@)
-	$(CXX) $(ALL_CXXFLAGS) -c $< -o $@
+	$(call say,CXX,$<)$(CXX) $(ALL_CXXFLAGS) -c $< -o $@
 
 $(GEN_O): $(GEN_C)
 	@mkdir -p $(dir $@)
-	$(CC) $(filter-out -Werror,$(ALL_CFLAGS)) -c $< -o $@
+	$(call say,CC,$<)$(CC) $(filter-out -Werror,$(ALL_CFLAGS)) -c $< -o $@
 
 $(LIBPM): $(call obj,$(PM_SRC))
 	@rm -f $@; ar rcs $@ $^
@@ -121,26 +129,27 @@ $(TESTLIB): $(call obj,$(TESTLIB_SRC))
 	@rm -f $@; ar rcs $@ $^ $(if $^,,/dev/null 2>/dev/null || true)
 
 $(BUILD)/graphd: $(BUILD)/obj/daemon/main.o $(LIBGD) $(LIBGR) $(LIBPM)
-	$(CXX) $(LDFLAGS_ALL) -o $@ $^ $(RT_LIBS) $(LDLIBS_ALL)
+	$(call say,LINK,$@)$(CXX) $(LDFLAGS_ALL) -o $@ $^ $(RT_LIBS) $(LDLIBS_ALL)
 
 $(SOCLI): $(call obj,$(CLI_SRC)) $(GEN_O)
-	$(CC) -shared $(LDFLAGS_ALL) -Wl,-soname,libgraphd.so.0 -o $@ $^ $(LDLIBS_ALL)
+	$(call say,LINK,$@)$(CC) -shared $(LDFLAGS_ALL) -Wl,-soname,libgraphd.so.0 -o $@ $^ $(LDLIBS_ALL)
+	@ln -sf libgraphd.so $(BUILD)/libgraphd.so.0 # the soname graphctl and the tests load
 
 $(BUILD)/graphctl: $(BUILD)/obj/client/c/graphctl.o $(SOCLI)
-	$(CC) $(LDFLAGS_ALL) -o $@ $< -L$(BUILD) -Wl,-rpath,'$$ORIGIN' -lgraphd $(LDLIBS_ALL)
+	$(call say,LINK,$@)$(CC) $(LDFLAGS_ALL) -o $@ $< -L$(BUILD) -Wl,-rpath,'$$ORIGIN' -lgraphd $(LDLIBS_ALL)
 
 # Unit tests see every module's internals; integration tests only the public client API.
 $(BUILD)/tests/unit/%: $(BUILD)/obj/tests/unit/%.o $(LIBGD) $(LIBGR) $(LIBPM) $(LIBCLI)
 	@mkdir -p $(dir $@)
-	$(CXX) $(LDFLAGS_ALL) -o $@ $^ $(RT_LIBS) $(LDLIBS_ALL) -lcmocka
+	$(call say,LINK,$@)$(CXX) $(LDFLAGS_ALL) -o $@ $^ $(RT_LIBS) $(LDLIBS_ALL) -lcmocka
 
 $(BUILD)/tests/integration/%: $(BUILD)/obj/tests/integration/%.o $(call obj,$(TESTLIB_SRC)) $(SOCLI)
 	@mkdir -p $(dir $@)
-	$(CC) $(LDFLAGS_ALL) -o $@ $(filter %.o,$^) -L$(BUILD) -Wl,-rpath,'$$ORIGIN/../..' -lgraphd $(LDLIBS_ALL) -lcmocka
+	$(call say,LINK,$@)$(CC) $(LDFLAGS_ALL) -o $@ $(filter %.o,$^) -L$(BUILD) -Wl,-rpath,'$$ORIGIN/../..' -lgraphd $(LDLIBS_ALL) -lcmocka
 
 $(BUILD)/bench/%: $(BUILD)/obj/bench/%.o $(LIBGR) $(SOCLI)
 	@mkdir -p $(dir $@)
-	$(CXX) $(LDFLAGS_ALL) -o $@ $(filter %.o %.a,$^) -L$(BUILD) -Wl,-rpath,'$$ORIGIN/..' -lgraphd $(RT_LIBS) $(LDLIBS_ALL)
+	$(call say,LINK,$@)$(CXX) $(LDFLAGS_ALL) -o $@ $(filter %.o %.a,$^) -L$(BUILD) -Wl,-rpath,'$$ORIGIN/..' -lgraphd $(RT_LIBS) $(LDLIBS_ALL)
 
 test: deps
 	@$(MAKE) --no-print-directory all

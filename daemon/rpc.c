@@ -58,6 +58,7 @@ struct gd_rpc {
     atomic_uint_fast64_t calls_total, calls_failed;
     void (*on_idle)(void *ctx);
     bool idle_reported;
+    bool cancelled;
 };
 
 static const char *const status_names[] = {
@@ -283,6 +284,13 @@ static void *cq_thread(void *arg)
 
 static void check_idle(gd_rpc_t *rpc)
 {
+    /* Once no call is in flight, stop waiting for idle client connections to go away: the
+     * shutdown only completes when gRPC has torn them down. */
+    if (rpc->on_idle && !atomic_load(&rpc->accepting) && atomic_load(&rpc->inflight) == 0 &&
+        !atomic_load(&rpc->server_down) && !rpc->cancelled) {
+        rpc->cancelled = true;
+        grpc_server_cancel_all_calls(rpc->server);
+    }
     if (rpc->on_idle && !rpc->idle_reported && atomic_load(&rpc->server_down) &&
         atomic_load(&rpc->inflight) == 0) {
         rpc->idle_reported = true;
