@@ -30,7 +30,8 @@ const gd_setting_t gd_settings[] = {
      "permission bits of the sockets"},
     {"tls_cert", GD_CFG_STRING, FIELD(tls_cert), "", 0, 0, false,
      "PEM certificate chain for a TCP listener"},
-    {"tls_key", GD_CFG_STRING, FIELD(tls_key), "", 0, 0, false, "PEM private key for a TCP listener"},
+    {"tls_key", GD_CFG_STRING, FIELD(tls_key), "", 0, 0, false,
+     "PEM private key for a TCP listener"},
     {"log_level", GD_CFG_LOG_LEVEL, FIELD(log_level), "info", 0, 3, true,
      "error, warn, info or debug"},
     {"max_message_bytes", GD_CFG_BYTES, FIELD(max_message_bytes), "64Mi", 1 * KiB, 2 * GiB - 1,
@@ -72,11 +73,24 @@ int gd_parse_bytes(const char *s, uint64_t *out)
     static const struct {
         const char *suffix;
         uint64_t mult;
-    } units[] = {{"", 1},          {"k", 1000},       {"kb", 1000},    {"ki", KiB},
-                 {"kib", KiB},     {"m", 1000000},    {"mb", 1000000}, {"mi", MiB},
-                 {"mib", MiB},     {"g", 1000000000}, {"gb", 1000000000},
-                 {"gi", GiB},      {"gib", GiB},      {"t", 1000000000000ull},
-                 {"tb", 1000000000000ull}, {"ti", TiB}, {"tib", TiB}, {"b", 1}};
+    } units[] = {{"", 1},
+                 {"k", 1000},
+                 {"kb", 1000},
+                 {"ki", KiB},
+                 {"kib", KiB},
+                 {"m", 1000000},
+                 {"mb", 1000000},
+                 {"mi", MiB},
+                 {"mib", MiB},
+                 {"g", 1000000000},
+                 {"gb", 1000000000},
+                 {"gi", GiB},
+                 {"gib", GiB},
+                 {"t", 1000000000000ull},
+                 {"tb", 1000000000000ull},
+                 {"ti", TiB},
+                 {"tib", TiB},
+                 {"b", 1}};
     if (s == NULL || *s < '0' || *s > '9')
         return -1;
     errno = 0;
@@ -203,9 +217,10 @@ static int derive(gd_config_t *cfg, char *err, size_t errlen)
 {
     bool is_unix = strncmp(cfg->listen, "unix:", 5) == 0;
     if (!is_unix && (cfg->tls_cert[0] == 0 || cfg->tls_key[0] == 0)) {
-        snprintf(err, errlen,
-                 "listen: '%s' is TCP; a TCP listener needs tls_cert and tls_key (or use unix:PATH)",
-                 cfg->listen);
+        snprintf(
+            err, errlen,
+            "listen: '%s' is TCP; a TCP listener needs tls_cert and tls_key (or use unix:PATH)",
+            cfg->listen);
         return -1;
     }
     if (is_unix && cfg->listen[5] == 0) {

@@ -33,7 +33,13 @@ typedef struct gd_config {
     uint64_t intra_op_threads;
 } gd_config_t;
 
-typedef enum { GD_CFG_STRING, GD_CFG_UINT, GD_CFG_BYTES, GD_CFG_OCTAL, GD_CFG_LOG_LEVEL } gd_cfg_type_t;
+typedef enum {
+    GD_CFG_STRING,
+    GD_CFG_UINT,
+    GD_CFG_BYTES,
+    GD_CFG_OCTAL,
+    GD_CFG_LOG_LEVEL
+} gd_cfg_type_t;
 
 typedef struct gd_setting {
     const char *name; /* INI key and --flag (underscores become dashes) */

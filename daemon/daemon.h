@@ -41,9 +41,9 @@ typedef struct gd_session {
     uint64_t id;
     uint64_t token;
     char name[GD_NAME_MAX + 1];
-    pid_t hello_pid;   /* what Hello claimed */
-    uid_t uid;         /* from SO_PEERCRED once attached */
-    pid_t pid;         /* from SO_PEERCRED once attached */
+    pid_t hello_pid; /* what Hello claimed */
+    uid_t uid;       /* from SO_PEERCRED once attached */
+    pid_t pid;       /* from SO_PEERCRED once attached */
     gid_t gid;
     bool attached;
     uint64_t created_unix_ms;

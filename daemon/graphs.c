@@ -406,8 +406,7 @@ void gd_rpc_register_module(void *ctx, gd_call_t *call, const ProtobufCMessage *
         return;
     }
     if (strlen(req->name) > GD_NAME_MAX) {
-        gd_call_fail(call, GD_INVALID_ARGUMENT, "module name is longer than %d bytes",
-                     GD_NAME_MAX);
+        gd_call_fail(call, GD_INVALID_ARGUMENT, "module name is longer than %d bytes", GD_NAME_MAX);
         return;
     }
     load_op_t *op = calloc(1, sizeof *op);
@@ -433,8 +432,7 @@ void gd_rpc_register_module(void *ctx, gd_call_t *call, const ProtobufCMessage *
             gd_call_fail(call, GD_INVALID_ARGUMENT,
                          "inline module of %zu bytes is over inline_module_max_bytes (%llu); "
                          "put it in a region",
-                         req->inline_bytes.len,
-                         (unsigned long long)d->cfg.inline_module_max_bytes);
+                         req->inline_bytes.len, (unsigned long long)d->cfg.inline_module_max_bytes);
             free(op);
             return;
         }
@@ -765,8 +763,8 @@ static void capture_prepare_done(gd_job_t *job)
         }
         op->region_ids[i] = pm_region_id(r);
         op->map_lens[i] = pm_region_mapped_size(r);
-        void *base = mmap(NULL, op->map_lens[i], PROT_READ | PROT_WRITE, MAP_SHARED,
-                          pm_region_fd(r), 0);
+        void *base =
+            mmap(NULL, op->map_lens[i], PROT_READ | PROT_WRITE, MAP_SHARED, pm_region_fd(r), 0);
         if (base == MAP_FAILED) {
             gd_error("mmap region %llu: %s", (unsigned long long)op->region_ids[i],
                      strerror(errno));
@@ -853,8 +851,7 @@ void gd_rpc_capture(void *ctx, gd_call_t *call, const ProtobufCMessage *msg)
     int warmup = 3;
     if (req->warmup_case == GRAPHD__V1__CAPTURE_REQUEST__WARMUP_NUM_WARMUP_ITERS) {
         if (req->num_warmup_iters < 0 || req->num_warmup_iters > MAX_WARMUP) {
-            gd_call_fail(call, GD_INVALID_ARGUMENT, "num_warmup_iters must be 0 to %d",
-                         MAX_WARMUP);
+            gd_call_fail(call, GD_INVALID_ARGUMENT, "num_warmup_iters must be 0 to %d", MAX_WARMUP);
             return;
         }
         warmup = req->num_warmup_iters;

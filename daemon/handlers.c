@@ -137,8 +137,7 @@ static void hello(void *ctx, gd_call_t *call, const ProtobufCMessage *msg)
         return;
     }
     if (strlen(req->client_name) > GD_NAME_MAX) {
-        gd_call_fail(call, GD_INVALID_ARGUMENT, "client_name is longer than %d bytes",
-                     GD_NAME_MAX);
+        gd_call_fail(call, GD_INVALID_ARGUMENT, "client_name is longer than %d bytes", GD_NAME_MAX);
         return;
     }
     if (d->nsessions >= d->cfg.max_sessions) {
@@ -401,7 +400,10 @@ static void status(void *ctx, gd_call_t *call, const ProtobufCMessage *msg)
     free(rep.devices);
 }
 
-#define METHOD(name, req, fn) {"/graphd.v1.Graphd/" name, &graphd__v1__##req##__descriptor, fn}
+#define METHOD(name, req, fn)                                                                      \
+    {                                                                                              \
+        "/graphd.v1.Graphd/" name, &graphd__v1__##req##__descriptor, fn                            \
+    }
 const gd_method_t gd_methods[] = {
     METHOD("Hello", hello_request, hello),
     METHOD("Goodbye", goodbye_request, goodbye),

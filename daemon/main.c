@@ -29,7 +29,8 @@ static void usage(FILE *out)
             if (*p == '_')
                 *p = '-';
         fprintf(out, "  --%-26s %s (default: %s%s)%s\n", flag, gd_settings[i].help,
-                gd_settings[i].def[0] ? "" : "\"", gd_settings[i].def[0] ? gd_settings[i].def : "\"",
+                gd_settings[i].def[0] ? "" : "\"",
+                gd_settings[i].def[0] ? gd_settings[i].def : "\"",
                 gd_settings[i].reloadable ? " [reloadable]" : "");
     }
 }
@@ -95,8 +96,8 @@ static void reload(gd_daemon_t *d)
     sd_notify(0, "RELOADING=1");
     gd_config_t next;
     char err[512];
-    if (gd_config_load(&next, d->config_path, d->config_required, &d->overrides, err,
-                       sizeof err) != 0) {
+    if (gd_config_load(&next, d->config_path, d->config_required, &d->overrides, err, sizeof err) !=
+        0) {
         gd_error("reload: %s; keeping the running config", err);
     } else {
         int changed = gd_config_apply_reload(&d->cfg, &next, warn_not_reloadable);
@@ -194,8 +195,8 @@ static int start(gd_daemon_t *d)
     if (gd_graphs_start(d) != 0)
         return -1;
     if (d->cfg.default_pool[0]) {
-        int rc = pm_pool_create(d->pools, d->cfg.default_pool, "cpu:0",
-                                d->cfg.default_pool_limit, NULL);
+        int rc =
+            pm_pool_create(d->pools, d->cfg.default_pool, "cpu:0", d->cfg.default_pool_limit, NULL);
         if (rc != PM_OK) {
             gd_error("default_pool '%s': %s", d->cfg.default_pool, pm_strerror(rc));
             return -1;

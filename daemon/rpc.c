@@ -62,11 +62,10 @@ struct gd_rpc {
 };
 
 static const char *const status_names[] = {
-    "OK",        "CANCELLED",         "UNKNOWN",           "INVALID_ARGUMENT",
-    "DEADLINE_EXCEEDED", "NOT_FOUND", "ALREADY_EXISTS",    "PERMISSION_DENIED",
-    "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE",
-    "UNIMPLEMENTED", "INTERNAL",      "UNAVAILABLE",       "DATA_LOSS",
-    "UNAUTHENTICATED"};
+    "OK",        "CANCELLED",      "UNKNOWN",           "INVALID_ARGUMENT",   "DEADLINE_EXCEEDED",
+    "NOT_FOUND", "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION",
+    "ABORTED",   "OUT_OF_RANGE",   "UNIMPLEMENTED",     "INTERNAL",           "UNAVAILABLE",
+    "DATA_LOSS", "UNAUTHENTICATED"};
 
 const char *gd_status_name(int code)
 {
@@ -103,9 +102,8 @@ static void request_one(gd_rpc_t *rpc)
     c->status_details = grpc_empty_slice();
     grpc_call_details_init(&c->details);
     grpc_metadata_array_init(&c->request_md);
-    grpc_call_error e =
-        grpc_server_request_call(rpc->server, &c->call, &c->details, &c->request_md, rpc->cq,
-                                 rpc->cq, c);
+    grpc_call_error e = grpc_server_request_call(rpc->server, &c->call, &c->details, &c->request_md,
+                                                 rpc->cq, rpc->cq, c);
     if (e != GRPC_CALL_OK) {
         gd_error("rpc: grpc_server_request_call failed: %d", (int)e);
         call_free(c);

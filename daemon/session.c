@@ -51,8 +51,8 @@ static int conn_send(gd_conn_t *c, const graphd_frame_t *f, const char *msg, int
     return gd_wire_send(c->wire, f, msg, fd);
 }
 
-static int reply(gd_conn_t *c, const graphd_frame_t *req, int status, uint64_t arg,
-                 const char *msg, int fd)
+static int reply(gd_conn_t *c, const graphd_frame_t *req, int status, uint64_t arg, const char *msg,
+                 int fd)
 {
     graphd_frame_t f = {.magic = GRAPHD_FRAME_MAGIC,
                         .version = GRAPHD_FRAME_VERSION,

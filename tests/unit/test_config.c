@@ -151,8 +151,8 @@ static void reload_keeps_fixed_settings(void **state)
     unlink(b);
     warned = 0;
     int changed = gd_config_apply_reload(&cur, &next, count_warning);
-    assert_int_equal(changed, 2);          /* max_sessions, log_level */
-    assert_int_equal(warned, 2);           /* listen and the derived session_socket */
+    assert_int_equal(changed, 2); /* max_sessions, log_level */
+    assert_int_equal(warned, 2);  /* listen and the derived session_socket */
     assert_string_equal(cur.listen, "unix:/tmp/a.sock");
     assert_int_equal(cur.max_sessions, 6);
     assert_int_equal(cur.log_level, GD_LOG_WARN);
@@ -163,12 +163,9 @@ static void reload_keeps_fixed_settings(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(defaults),
-        cmocka_unit_test(every_setting_has_a_valid_default),
-        cmocka_unit_test(file_and_flags),
-        cmocka_unit_test(bad_files),
-        cmocka_unit_test(bytes),
-        cmocka_unit_test(reload_keeps_fixed_settings),
+        cmocka_unit_test(defaults),       cmocka_unit_test(every_setting_has_a_valid_default),
+        cmocka_unit_test(file_and_flags), cmocka_unit_test(bad_files),
+        cmocka_unit_test(bytes),          cmocka_unit_test(reload_keeps_fixed_settings),
     };
     return cmocka_run_group_tests_name("config", tests, NULL, NULL);
 }
