@@ -739,7 +739,14 @@ static void capture_prepare_done(gd_job_t *job)
     }
     for (size_t i = 0; i < op->n; i++) {
         uint64_t total = 0;
-        gr_capture_layout(op->cap, i, NULL, NULL, &total);
+        size_t count = 0;
+        if (gr_capture_layout(op->cap, i, &count, NULL, &total) != GR_OK) {
+            char msg[512];
+            snprintf(msg, sizeof msg, "capture layout of callable %zu: %s", i, gr_last_error());
+            capture_unwind(d, op, true);
+            capture_fail(op, GD_INTERNAL, msg);
+            return;
+        }
         if (total == 0)
             total = GR_ALIGN; /* a callable with no static tensor still gets a region */
         pm_region_t *r = NULL;
