@@ -33,7 +33,8 @@ def _error(rc, message):
 
 
 def normalize_device(device):
-    """"cpu" / torch.device("cpu") / None => "cpu:0"; "cuda" => "cuda:0"; "kind:N" as given."""
+    """The daemon's name for a device: None, "cpu" or torch.device("cpu") => "cpu:0";
+    "cuda" => "cuda:0"; "kind:N" as given."""
     if device is None:
         return "cpu:0"
     s = str(device).strip()
@@ -133,7 +134,7 @@ class Client:
 
     def _check_open(self):
         if self._closed or not self._h:
-            raise GraphdError("client for %s is closed" % self.address, code="FAILED_PRECONDITION")
+            raise make_error("FAILED_PRECONDITION", "client for %s is closed" % self.address)
 
     def _ensure_session(self):
         if self._session:
@@ -257,6 +258,14 @@ class Client:
             if self._live_graphs == 0:
                 L.graphd_close(self._h)
                 self._h = None
+
+    def __del__(self):
+        # Unreachable, so no Graph of this client is alive (each holds its client).
+        if not _exiting and not getattr(self, "_closed", True):
+            try:
+                self.close()
+            except Exception:
+                pass
 
     def __enter__(self):
         return self

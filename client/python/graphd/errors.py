@@ -3,11 +3,13 @@
 Every failure is a GraphdError carrying the error's name (``code``: the gRPC status name such as
 "NOT_FOUND", or a client-local name such as "ESYS"), libgraphd's numeric code (``errno``) and the
 message (the daemon's, when it sent one). The commonest codes have subclasses so that callers can
-catch, say, ``graphd.NotFound``.
+catch, say, ``graphd.NotFound``. GraphdError is a RuntimeError, the type upstream
+make_graphed_callables raises for what fails inside libtorch (a module that does not run on its
+sample args, an unused input without allow_unused_input): graphd raises those from the daemon.
 """
 
 
-class GraphdError(Exception):
+class GraphdError(RuntimeError):
     """A graphd call failed. ``code``: "INVALID_ARGUMENT" etc.; ``errno``: libgraphd's code
     (negative; 0 for errors raised by the Python package itself); ``message``: the text."""
 

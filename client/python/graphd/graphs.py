@@ -300,7 +300,7 @@ def _bind_params(func, prefix, static, graph_id, bound):
         return []
     named = dict((prefix + n, p) for n, p in func.named_parameters())
     params = []
-    for k, name in enumerate(static.param_names):
+    for name in static.param_names:
         p = named.get(name)
         if p is None:
             raise make_error("INTERNAL", "graph %d: parameter %r is not one of the module's (%s)"
@@ -368,10 +368,16 @@ def make_graphed_callables(callables, sample_args, num_warmup_iters=3, allow_unu
             assert (len(c._backward_hooks) == 0 and len(c._forward_hooks) == 0
                     and len(c._forward_pre_hooks) == 0), _HOOKS_MSG
             assert all(b.requires_grad is False for b in c.buffers()), _BUFFERS_MSG
+        # A bare tensor would be unpacked along its first dimension: say so instead.
+        assert not isinstance(args, torch.Tensor), (
+            "sample_args must be a tuple of tensors (for a tuple of callables, a tuple of such "
+            "tuples), not a tensor: write (x,)")
         flatten_arg = tree_flatten(tuple(args))[0]
         flatten_sample_args.append(tuple(flatten_arg))
         assert all(isinstance(arg, torch.Tensor) for arg in flatten_arg), _ARGS_MSG
 
+    arg_specs = [[_spec(t, i, j) for j, t in enumerate(flat)]
+                 for i, flat in enumerate(flatten_sample_args)]
     client = default_client()
     pool = _resolve_pool(client, pool, device)
 
@@ -380,13 +386,12 @@ def make_graphed_callables(callables, sample_args, num_warmup_iters=3, allow_unu
     traced = []
     module_ids = []
     try:
-        for i, (func, args, flat) in enumerate(zip(callables, sample_args, flatten_sample_args)):
+        for func, args, flat in zip(callables, sample_args, flatten_sample_args):
             archive, out_spec, prefix = _trace(func, tuple(args), flat)
             module_ids.append(client.register_module(archive, _callable_name(func)))
             traced.append((out_spec, prefix))
-        specs = [(mid, None, [_spec(t, i, j) for j, t in enumerate(flat)])
-                 for i, (mid, flat) in enumerate(zip(module_ids, flatten_sample_args))]
-        graphs = client.capture(specs, num_warmup_iters=num_warmup_iters,
+        graphs = client.capture([(mid, None, a) for mid, a in zip(module_ids, arg_specs)],
+                                num_warmup_iters=num_warmup_iters,
                                 allow_unused_input=allow_unused_input, pool=pool)
     finally:
         for mid in module_ids:  # the graphs own a copy: the modules are not needed any more

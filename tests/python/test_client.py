@@ -1,0 +1,96 @@
+"""graphd.Client against a real daemon: status, devices, pools, errors, pool handles."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+import graphd
+from graphd import _lib
+
+
+def test_library_is_the_build_one(daemon):
+    path = os.path.realpath(_lib.lib_path())
+    assert path == os.path.realpath(os.path.join(os.environ["GRAPHD_BUILD"], "libgraphd.so"))
+
+
+def test_status_sections(client, daemon):
+    st = client.status()
+    for key in ("daemon", "devices", "pools", "sessions"):
+        assert key in st
+    assert st["daemon"]["pid"] == daemon.proc.pid
+    assert st["daemon"]["config"]["listen"]["value"] == daemon.address
+    assert any(d["id"] == "cpu:0" for d in st["devices"])
+    assert any(p["name"] == "default" for p in st["pools"])
+
+
+def test_devices_and_pools(client):
+    devs = client.devices()
+    cpu = [d for d in devs if d["id"] == "cpu:0"]
+    assert cpu and cpu[0]["kind"] == "cpu" and cpu[0]["memory_total"] > 0
+    pools = {p["name"]: p for p in client.pools()}
+    assert pools["default"]["device"] == "cpu:0"
+
+
+def test_pool_create_delete_and_errors(client):
+    info = client.create_pool("pytest-pool", limit_bytes=1 << 20)
+    assert info["name"] == "pytest-pool" and info["device"] == "cpu:0"
+    assert info["limit_bytes"] == 1 << 20
+    with pytest.raises(graphd.AlreadyExists) as e:
+        client.create_pool("pytest-pool")
+    assert e.value.code == "ALREADY_EXISTS" and "pytest-pool" in str(e.value)
+    assert isinstance(e.value, graphd.GraphdError) and e.value.errno == -6
+    client.delete_pool("pytest-pool")
+    with pytest.raises(graphd.NotFound):
+        client.delete_pool("pytest-pool")
+    with pytest.raises(graphd.InvalidArgument):
+        client.create_pool("bad name!")
+    with pytest.raises(graphd.GraphdError) as e:
+        client.create_pool("p", device="cuda:7")
+    assert e.value.code in ("NOT_FOUND", "INVALID_ARGUMENT")
+
+
+def test_unreachable_daemon(tmp_path):
+    c = graphd.Client("unix:%s" % (tmp_path / "nobody.sock"))
+    with pytest.raises(graphd.Unavailable) as e:
+        c.status()
+    assert e.value.code == "UNAVAILABLE" and e.value.message
+    c.close()
+    c.close()  # idempotent
+    with pytest.raises(graphd.GraphdError) as e:
+        c.status()
+    assert e.value.code == "FAILED_PRECONDITION"
+
+
+def test_default_client_uses_env(daemon):
+    c = graphd.default_client()
+    assert c is graphd.default_client()
+    assert c.address == daemon.address
+
+
+def test_graph_pool_handle(client):
+    h1 = graphd.graph_pool_handle("pytest-shared", client=client)
+    h2 = graphd.graph_pool_handle("pytest-shared", device="cpu", client=client)  # exists: fine
+    assert h1 == h2 and h1.device == "cpu:0" and not h1.owned
+    anon = graphd.graph_pool_handle(client=client)
+    assert anon.owned and anon.name != h1.name
+    names = [p["name"] for p in client.pools()]
+    assert "pytest-shared" in names and anon.name in names
+    with pytest.raises(graphd.NotFound) as e:
+        graphd.graph_pool_handle("pytest-gpu", device="cuda:3", client=client)
+    assert "cuda:3" in str(e.value)
+    client.delete_pool("pytest-shared")
+    client.close()  # deletes the pools it made without a name
+    with graphd.Client(client.address) as c:
+        assert anon.name not in [p["name"] for p in c.pools()]
+
+
+def test_import_without_torch(daemon):
+    """graphd's client part does not need torch."""
+    code = ("import sys; sys.modules['torch'] = None\n"
+            "import graphd\n"
+            "print(graphd.Client().status()['daemon']['version'])\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env=dict(os.environ), timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip()
