@@ -1,6 +1,7 @@
 /*
  * libgraphd client: the gRPC channel, the session (Hello, ATTACH on the
- * session socket, Goodbye), devices, pools and status.
+ * session socket, Goodbye), devices, pools and status. Modules, captures
+ * and replays are in graph.c.
  */
 #include <errno.h>
 #include <stdarg.h>
@@ -153,6 +154,8 @@ void graphd_close(graphd_client_t *c)
     if (c->session_id != 0 && c->channel != NULL)
         (void)graphd_goodbye(c);
     graphd__dp_close(c);
+    while (c->graphs != NULL)
+        graphd__graph_forget(c->graphs);
     while (c->regions != NULL)
         graphd_region_release(c->regions);
     if (c->channel != NULL)
@@ -202,10 +205,15 @@ static int attach(graphd_client_t *c)
     int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0)
         return graphd__fail_sys(c, "socket");
+    int rc = graphd__dp_set_timeouts(c, fd);
+    if (rc != GRAPHD_OK) {
+        close(fd);
+        return rc;
+    }
     while (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0) {
         if (errno == EINTR)
             continue;
-        int rc = graphd__fail_sys(c, "connect to session socket %s", c->session_socket);
+        rc = graphd__fail_sys(c, "connect to session socket %s", c->session_socket);
         close(fd);
         return rc;
     }

@@ -1,13 +1,13 @@
 /*
  * Data-plane I/O on the session socket: fixed-size frames (graphd_frame.h)
  * with an optional message and an optional file descriptor (SCM_RIGHTS).
- * ATTACH, MAP and later REPLAY all go through graphd__dp_request.
+ * ATTACH, MAP and REPLAY all go through graphd__dp_request.
  */
 #include <errno.h>
-#include <poll.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -30,39 +30,40 @@ void graphd__dp_close(graphd_client_t *c)
     }
 }
 
-/* Waits for events on fd until deadline (monotonic ms). */
-static int wait_fd(graphd_client_t *c, int fd, short events, int64_t deadline)
+int graphd__dp_set_timeouts(graphd_client_t *c, int fd)
 {
-    for (;;) {
-        int64_t left = deadline - now_ms();
-        if (left <= 0)
-            return graphd__fail(c, GRAPHD_EDEADLINE_EXCEEDED,
-                                "no answer on the session socket within %d ms", c->timeout_ms);
-        struct pollfd p = {.fd = fd, .events = events};
-        int n = poll(&p, 1, left > 1000000 ? 1000000 : (int)left);
-        if (n > 0)
-            return GRAPHD_OK;
-        if (n < 0 && errno != EINTR)
-            return graphd__fail_sys(c, "poll on the session socket");
-    }
+    struct timeval tv = {.tv_sec = c->timeout_ms / 1000, .tv_usec = (c->timeout_ms % 1000) * 1000};
+    if (setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) != 0 ||
+        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv)) != 0)
+        return graphd__fail_sys(c, "setsockopt on the session socket");
+    return GRAPHD_OK;
 }
 
+static int timed_out(graphd_client_t *c)
+{
+    return graphd__fail(c, GRAPHD_EDEADLINE_EXCEEDED,
+                        "no answer on the session socket within %d ms", c->timeout_ms);
+}
+
+/*
+ * The socket blocks, bounded by SO_SNDTIMEO/SO_RCVTIMEO (graphd__dp_set_timeouts), so that an
+ * exchange costs one send and one receive rather than a try, a poll and a retry. Each call waits
+ * at most the client's timeout; the deadline bounds a frame that comes in pieces.
+ */
 static int send_all(graphd_client_t *c, const uint8_t *buf, size_t len, int64_t deadline)
 {
     while (len > 0) {
-        ssize_t n = send(c->session_fd, buf, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+        ssize_t n = send(c->session_fd, buf, len, MSG_NOSIGNAL);
         if (n >= 0) {
             buf += n, len -= (size_t)n;
+            if (len > 0 && now_ms() >= deadline)
+                return timed_out(c);
             continue;
         }
         if (errno == EINTR)
             continue;
-        if (errno == EAGAIN || errno == EWOULDBLOCK) {
-            int rc = wait_fd(c, c->session_fd, POLLOUT, deadline);
-            if (rc != GRAPHD_OK)
-                return rc;
-            continue;
-        }
+        if (errno == EAGAIN || errno == EWOULDBLOCK)
+            return timed_out(c);
         if (errno == EPIPE || errno == ECONNRESET)
             return graphd__fail(c, GRAPHD_EUNAVAILABLE, "graphd closed the session socket");
         return graphd__fail_sys(c, "send on the session socket");
@@ -102,16 +103,12 @@ static int recv_all(graphd_client_t *c, uint8_t *buf, size_t len, int64_t deadli
         struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
         msg.msg_control = control.buf;
         msg.msg_controllen = sizeof(control.buf);
-        ssize_t n = recvmsg(c->session_fd, &msg, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+        ssize_t n = recvmsg(c->session_fd, &msg, MSG_CMSG_CLOEXEC);
         if (n < 0) {
             if (errno == EINTR)
                 continue;
-            if (errno == EAGAIN || errno == EWOULDBLOCK) {
-                int rc = wait_fd(c, c->session_fd, POLLIN, deadline);
-                if (rc != GRAPHD_OK)
-                    return rc;
-                continue;
-            }
+            if (errno == EAGAIN || errno == EWOULDBLOCK)
+                return timed_out(c);
             if (errno == ECONNRESET)
                 return graphd__fail(c, GRAPHD_EUNAVAILABLE, "graphd closed the session socket");
             return graphd__fail_sys(c, "recvmsg on the session socket");
@@ -122,6 +119,8 @@ static int recv_all(graphd_client_t *c, uint8_t *buf, size_t len, int64_t deadli
         if (n == 0)
             return graphd__fail(c, GRAPHD_EUNAVAILABLE, "graphd closed the session socket");
         buf += n, len -= (size_t)n;
+        if (len > 0 && now_ms() >= deadline)
+            return timed_out(c);
     }
     return GRAPHD_OK;
 }

@@ -109,8 +109,9 @@ int graphd_connect(const char *address /* [in][optional] NULL: $GRAPHD_ADDRESS, 
                    graphd_client_t **out /* [out] */);
 /*
  * Ends the session if one is open (Goodbye, then closes the session socket),
- * unmaps and frees every region handle of this client that is still open,
- * and destroys the client. Pointers into those regions are invalid after it.
+ * unmaps and frees every region and graph handle of this client that is
+ * still open (the daemon frees their graphs with the session), and destroys
+ * the client. Pointers into those regions and graphs are invalid after it.
  * The Goodbye may wait up to GRAPHD_TIMEOUT_MS for a daemon that hangs; a
  * daemon that is gone answers at once. NULL is a no-op.
  */
@@ -126,9 +127,10 @@ const char *graphd_address(const graphd_client_t *c);
  */
 int graphd_hello(graphd_client_t *c, const char *client_name /* [in][optional] NULL: "" */);
 /*
- * Ends the session: the daemon frees its regions. Region handles stay
- * mapped (the memory stays valid) until graphd_region_release/free or
- * graphd_close. The session socket is closed even when the RPC fails.
+ * Ends the session: the daemon frees its regions, modules and graphs. Region
+ * and graph handles stay mapped (the memory stays valid) until
+ * graphd_region_release/free, graphd_graph_release or graphd_close. The
+ * session socket is closed even when the RPC fails.
  */
 int graphd_goodbye(graphd_client_t *c);
 /* The open session's id, 0 when none. */
@@ -199,6 +201,131 @@ uint64_t graphd_region_mapped_size(const graphd_region_t *r);
  */
 int graphd_status_json(graphd_client_t *c, char *buf /* [out][optional] */,
                        size_t *len /* [in,out] */);
+
+/* ---- modules, capture, replay ---------------------------------------------------------- */
+
+/* Element types: values equal graphd.v1.DType and graph_runtime's gr_dtype_t. */
+enum graphd_dtype {
+    GRAPHD_FLOAT32 = 1,
+    GRAPHD_FLOAT64 = 2,
+    GRAPHD_FLOAT16 = 3,
+    GRAPHD_BFLOAT16 = 4,
+    GRAPHD_INT64 = 5,
+    GRAPHD_INT32 = 6,
+    GRAPHD_INT16 = 7,
+    GRAPHD_INT8 = 8,
+    GRAPHD_UINT8 = 9,
+    GRAPHD_BOOL = 10,
+};
+/* Roles of a graph's static tensors: values equal graphd.v1.TensorRole. */
+enum graphd_role {
+    GRAPHD_ROLE_INPUT = 1,       /* a sample arg: written by the caller before FORWARD */
+    GRAPHD_ROLE_OUTPUT = 2,      /* written by FORWARD */
+    GRAPHD_ROLE_GRAD_OUTPUT = 3, /* d loss / d output: written by the caller before BACKWARD */
+    GRAPHD_ROLE_GRAD_INPUT = 4,  /* written by BACKWARD */
+    GRAPHD_ROLE_PARAM = 5,       /* a module parameter: the caller may update it in place */
+    GRAPHD_ROLE_PARAM_GRAD = 6,  /* written by BACKWARD */
+};
+#define GRAPHD_PHASE_FORWARD 0
+#define GRAPHD_PHASE_BACKWARD 1
+#define GRAPHD_MAX_DIMS 8
+
+/*
+ * Registers a TorchScript archive (torch.jit.save) for the session. Archives
+ * up to 1 MiB go inline in the request; larger ones are copied into a
+ * temporary region of the default pool (a RegionSlice) that is freed after
+ * the call. *module_id gets the daemon's id; identical bytes share the loaded
+ * code. GRAPHD_EINVALID_ARGUMENT with libtorch's error when the archive does
+ * not load; GRAPHD_EFAILED_PRECONDITION without a session.
+ */
+int graphd_module_register(graphd_client_t *c, const void *bytes /* [in] */, size_t len,
+                           const char *name /* [in][optional] shown in status */,
+                           uint64_t *module_id /* [out] */);
+/* Drops the session's handle on a module (graphs captured from it stay usable). */
+int graphd_module_release(graphd_client_t *c, uint64_t module_id);
+
+/* One sample arg, as make_graphed_callables' sample_args tensor would be. */
+typedef struct graphd_tensor_spec {
+    int dtype; /* enum graphd_dtype */
+    uint32_t ndim;
+    int64_t shape[GRAPHD_MAX_DIMS];
+    int requires_grad;
+} graphd_tensor_spec_t;
+
+typedef struct graphd_callable {
+    uint64_t module_id;
+    const char *method; /* [optional] NULL: "forward" */
+    size_t n_args;
+    const graphd_tensor_spec_t *args;
+} graphd_callable_t;
+
+typedef struct graphd_capture_opts {
+    int num_warmup_iters; /* < 0: the daemon's default (3) */
+    int allow_unused_input;
+    const char *pool; /* [optional] NULL: the default pool */
+} graphd_capture_opts_t;
+/* Fills o with the defaults: num_warmup_iters -1, allow_unused_input 0, pool NULL. */
+void graphd_capture_opts_init(graphd_capture_opts_t *o /* [out] */);
+
+/* A captured callable; owns the mapping of its static region. */
+typedef struct graphd_graph graphd_graph_t;
+
+/*
+ * Captures n callables sharing one pool in one Capture call, as
+ * make_graphed_callables does (forwards in order, backwards in reverse
+ * order), maps each graph's static region and fills graphs[0..n-1]. The
+ * handles belong to the client (see graphd_close). On failure nothing is left
+ * allocated, here or in the daemon. Module errors (shape or dtype mismatch, an
+ * unused input) are GRAPHD_EINVALID_ARGUMENT with libtorch's message; a pool
+ * limit too small is GRAPHD_ERESOURCE_EXHAUSTED.
+ */
+int graphd_capture(graphd_client_t *c, size_t n, const graphd_callable_t *callables /* [in] n */,
+                   const graphd_capture_opts_t *opts /* [in][optional] NULL: defaults */,
+                   graphd_graph_t **graphs /* [out] n */);
+
+/* One static tensor of a graph: a contiguous tensor at data in this process. */
+typedef struct graphd_tensor {
+    int role;       /* enum graphd_role */
+    uint32_t index; /* position within its role */
+    char name[128]; /* parameter name for PARAM / PARAM_GRAD; output path for OUTPUT */
+    int dtype;      /* enum graphd_dtype */
+    uint32_t ndim;
+    int64_t shape[GRAPHD_MAX_DIMS];
+    int64_t strides[GRAPHD_MAX_DIMS]; /* in elements */
+    uint64_t nbytes;
+    int requires_grad;
+    void *data; /* the mapped address in this process, valid until the graph is released */
+} graphd_tensor_t;
+
+/*
+ * The graph's static tensors (inputs, outputs, grad-outputs, grad-inputs,
+ * params, param grads) in the daemon's order. Two-call pattern;
+ * GRAPHD_ETRUNC when *count was too small.
+ */
+int graphd_graph_tensors(const graphd_graph_t *g, size_t *count /* [in,out] */,
+                         graphd_tensor_t *items /* [out][optional] */);
+uint64_t graphd_graph_id(const graphd_graph_t *g);
+/* The module's training mode at capture (1 training, 0 eval). */
+int graphd_graph_training(const graphd_graph_t *g);
+/* 1 when some output requires grad, so that BACKWARD is available. */
+int graphd_graph_has_backward(const graphd_graph_t *g);
+/*
+ * Replays one phase (GRAPHD_PHASE_*) with a REPLAY frame on the session
+ * socket and waits for its completion; no allocation, one send and one
+ * receive. device_ns gets the daemon's time in the replay. Errors carry the
+ * daemon's message in graphd_last_error: GRAPHD_EFAILED_PRECONDITION
+ * (BACKWARD without FORWARD), GRAPHD_EINTERNAL (the module threw; the graph
+ * stays usable), GRAPHD_ENOT_FOUND (the graph is gone).
+ */
+int graphd_replay(graphd_graph_t *g, int phase, uint64_t *device_ns /* [out][optional] */);
+/* The same through the gRPC Replay RPC. */
+int graphd_replay_rpc(graphd_graph_t *g, int phase, uint64_t *device_ns /* [out][optional] */);
+/*
+ * ReleaseGraph (the daemon frees the graph and its region), then unmaps and
+ * frees the handle, also when the RPC fails; the RPC's error is returned
+ * (GRAPHD_EFAILED_PRECONDITION once the session has ended). NULL: no-op.
+ */
+int graphd_graph_release(graphd_graph_t *g /* [in][optional] consumed */);
 
 #ifdef __cplusplus
 }

@@ -1,6 +1,6 @@
 /*
- * libgraphd internals shared by the files of client/c/: the client and
- * region bodies, the unary gRPC call helper (rpc.c), the data-plane frame
+ * libgraphd internals shared by the files of client/c/: the client, region
+ * and graph bodies, the unary gRPC call helper (rpc.c), the data-plane frame
  * I/O (dataplane.c) and the protobuf-to-JSON walker (json.c).
  */
 #ifndef GRAPHD_INT_H
@@ -29,6 +29,17 @@ struct graphd_region {
     uint64_t mapped_size;
 };
 
+struct graphd_graph {
+    graphd_client_t *client;
+    graphd_graph_t *prev, *next; /* the client's list of open handles */
+    uint64_t id;
+    graphd_region_t *region; /* the static region, mapped here (also on the client's list) */
+    int training;
+    int has_backward;
+    size_t n_tensors;
+    graphd_tensor_t tensors[]; /* data points into region */
+};
+
 struct graphd_client {
     char *address;
     grpc_channel *channel;
@@ -44,6 +55,7 @@ struct graphd_client {
     char daemon_version[64];
 
     graphd_region_t *regions; /* open region handles, newest first */
+    graphd_graph_t *graphs;   /* open graph handles, newest first */
     char last_error[GRAPHD__ERRMSG_MAX];
 };
 
@@ -71,14 +83,24 @@ int graphd__call(graphd_client_t *c, const char *method, const ProtobufCMessage 
  * closed when fd_out is NULL. A reply with a non-zero status maps the gRPC
  * code and keeps the message as last error. An ERROR frame, EOF, a
  * malformed reply or a timeout leaves the stream out of step: the session
- * ends (graphd__session_end) and the error says why.
+ * ends (graphd__session_end) and the error says why. It allocates nothing
+ * and makes one send and one receive (two for an error reply's message):
+ * REPLAY frames are the data plane's hot path.
  */
 int graphd__dp_request(graphd_client_t *c, uint16_t type, uint64_t id, uint64_t arg,
                        uint64_t *arg_out /* [out][optional] */, int *fd_out /* [out][optional] */);
+/*
+ * Applies the client's timeout to the blocking session socket fd (SO_RCVTIMEO,
+ * SO_SNDTIMEO), so that a frame exchange is a plain send and receive.
+ */
+int graphd__dp_set_timeouts(graphd_client_t *c, int fd);
 /* Closes the session socket if open. */
 void graphd__dp_close(graphd_client_t *c);
 /* Forgets the session (closing its socket, which ends it in the daemon too). */
 void graphd__session_end(graphd_client_t *c);
+
+/* Unmaps and frees a graph handle without telling the daemon (graphd_close). */
+void graphd__graph_forget(graphd_graph_t *g);
 
 /* Renders msg as a JSON value by walking its descriptor (see graphd_status_json). */
 json_t *graphd__pb_to_json(const ProtobufCMessage *msg);

@@ -79,4 +79,57 @@ int harness_raw_call(const char *address, const char *method, const void *req, s
 /* Milliseconds on the monotonic clock. */
 int64_t harness_now_ms(void);
 
+/* ---- test models and captured graphs (models.c) ------------------------------------------- */
+
+typedef struct harness_ref {
+    char *key;
+    size_t n;
+    double *v;
+} harness_ref_t;
+
+/* The archives and references tests/models/make_models.py writes into dir. */
+typedef struct harness_models {
+    char dir[64];
+    harness_ref_t *refs; /* ref.txt: "<key> <count> <values...>" per line */
+    size_t n_refs;
+} harness_models_t;
+
+/*
+ * Runs tests/models/make_models.py into a fresh temporary directory and loads
+ * its ref.txt. The interpreter is $GRAPHD_PYTHON (default /usr/bin/python3,
+ * with Debian's python3-torch); the script comes from $GRAPHD_SRC, else the
+ * current directory, else the source tree above the build directory. 0, or
+ * -1 with a message on stderr.
+ */
+int harness_models_make(harness_models_t *m);
+/* Removes the directory and frees the references. */
+void harness_models_remove(harness_models_t *m);
+/* The path of a file in the models directory (a static buffer, overwritten by the next call). */
+const char *harness_models_path(const harness_models_t *m, const char *name);
+/* The bytes of a file in the models directory (free them); NULL with a message on failure. */
+void *harness_models_read(const harness_models_t *m, const char *name, size_t *len);
+/* Reference vector key; NULL with a message when missing or when n (if not 0) differs. */
+const double *harness_models_ref(const harness_models_t *m, const char *key, size_t n);
+/* Registers a model file for c's session (graphd_module_register); 0 with a message on failure. */
+uint64_t harness_models_register(graphd_client_t *c, const harness_models_t *m, const char *name);
+
+/* A captured graph with a copy of its tensor list. */
+typedef struct harness_graph {
+    graphd_client_t *c; /* the client that captured it */
+    graphd_graph_t *g;
+    graphd_tensor_t *t;
+    size_t n;
+} harness_graph_t;
+
+/* Reads the tensors of c's graph g into hg (two-call graphd_graph_tensors). 0, or -1. */
+int harness_graph_load(harness_graph_t *hg, graphd_client_t *c, graphd_graph_t *g);
+/* Releases the graph (graphd_graph_release) and frees the copy; returns the release's code. */
+int harness_graph_release(harness_graph_t *hg);
+/* The tensor with role and index, or NULL. */
+const graphd_tensor_t *harness_tensor(const harness_graph_t *hg, int role, uint32_t index);
+/* How many tensors have role. */
+size_t harness_count_role(const harness_graph_t *hg, int role);
+/* Elements of t. */
+size_t harness_numel(const graphd_tensor_t *t);
+
 #endif
