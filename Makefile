@@ -32,6 +32,15 @@ ifeq ($(TORCH),python)
 TORCH_DIR    := $(shell $(PYTHON) -c 'import os,torch;print(os.path.dirname(torch.__file__))' 2>/dev/null)
 TORCH_CFLAGS := -isystem $(TORCH_DIR)/include -isystem $(TORCH_DIR)/include/torch/csrc/api/include
 TORCH_LIBS   := -L$(TORCH_DIR)/lib -Wl,-rpath,$(TORCH_DIR)/lib -ltorch -ltorch_cpu -lc10
+# CUDA family (graph_runtime/family_cuda.cpp): when that torch has CUDA and its ATen/cuda headers.
+# The CUDA runtime is the one the torch wheel carries (nvidia/cu13 beside the torch package).
+TORCH_CUDA   := $(shell $(PYTHON) -c 'import os,torch;d=os.path.dirname(torch.__file__);print("yes" if torch.version.cuda and os.path.isdir(d+"/include/ATen/cuda") else "")' 2>/dev/null)
+ifneq ($(TORCH_CUDA),)
+CUDA_PY_DIR  := $(abspath $(TORCH_DIR)/../nvidia/cu13)
+CUDA_INC     := $(firstword $(dir $(wildcard $(CUDA_PY_DIR)/include/cuda_runtime_api.h /usr/local/cuda/include/cuda_runtime_api.h)))
+TORCH_CFLAGS += -DGR_HAVE_CUDA $(if $(CUDA_INC),-isystem $(CUDA_INC))
+TORCH_LIBS   += -ltorch_cuda -lc10_cuda -L$(CUDA_PY_DIR)/lib -Wl,-rpath,$(CUDA_PY_DIR)/lib -l:libcudart.so.13
+endif
 else
 TORCH_CFLAGS := -isystem /usr/include/torch/csrc/api/include
 TORCH_LIBS   := -ltorch -ltorch_cpu -lc10
@@ -58,6 +67,9 @@ GEN_O := $(BUILD)/obj/gen/graphd.pb-c.o
 PM_SRC     := $(wildcard pool_manager/*.c)
 GR_CSRC    := $(wildcard graph_runtime/*.c)
 GR_CXXSRC  := $(wildcard graph_runtime/*.cpp)
+ifeq ($(TORCH_CUDA),)
+GR_CXXSRC  := $(filter-out graph_runtime/family_cuda.cpp,$(GR_CXXSRC))
+endif
 GD_SRC     := $(filter-out daemon/main.c,$(wildcard daemon/*.c))
 CLI_SRC    := $(filter-out client/c/graphctl.c,$(wildcard client/c/*.c))
 UNIT_SRC   := $(wildcard tests/unit/test_*.c)
@@ -188,6 +200,7 @@ lint: $(GEN_H)
 	clang-format --dry-run --Werror $(C_FILES)
 	cppcheck --quiet --error-exitcode=1 --enable=warning,performance,portability --inline-suppr \
 	  --suppress=missingIncludeSystem -D__GNUC__ $(INCLUDES) -I$(BUILD)/gen \
+	  -DPROTOBUF_C_VERSION_NUMBER=1004001 -DPROTOBUF_C_MIN_COMPILER_VERSION=1000000 \
 	  $(filter %.c,$(C_FILES))
 	$(if $(GR_CXXSRC),clang-tidy --quiet $(GR_CXXSRC) -- -std=c++17 $(INCLUDES) $(TORCH_CFLAGS))
 

@@ -3,8 +3,11 @@
  * accelerator families add theirs here when they are built in.
  */
 #include "daemon.h"
+#include "log.h"
+#include "runtime.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/sysinfo.h>
 #include <unistd.h>
@@ -59,11 +62,44 @@ void gd_devices_discover(gd_daemon_t *d)
     snprintf(cpu->name, sizeof cpu->name, "%s (%ld cores)", model, sysconf(_SC_NPROCESSORS_ONLN));
     cpu_memory(cpu);
     d->ndevices = 1;
+
+    gr_device_info_t acc[GD_MAX_DEVICES - 1];
+    size_t n = GD_MAX_DEVICES - 1;
+    if (gr_devices(&n, acc) != GR_OK) {
+        gd_warn("device discovery: %s", gr_last_error());
+        return;
+    }
+    for (size_t i = 0; i < n; i++) {
+        gd_device_t *dev = &d->devices[d->ndevices++];
+        memset(dev, 0, sizeof *dev);
+        snprintf(dev->id, sizeof dev->id, "%.31s", acc[i].device);
+        const char *colon = strchr(acc[i].device, ':');
+        snprintf(dev->kind, sizeof dev->kind, "%.*s",
+                 colon ? (int)(colon - acc[i].device) : (int)strlen(acc[i].device),
+                 acc[i].device);
+        dev->ordinal = colon ? (uint32_t)strtoul(colon + 1, NULL, 10) : 0;
+        snprintf(dev->name, sizeof dev->name, "%.127s", acc[i].name);
+        snprintf(dev->compute_capability, sizeof dev->compute_capability, "%.15s",
+                 acc[i].compute_capability);
+        dev->memory_total = acc[i].total_bytes;
+        dev->memory_free = acc[i].free_bytes;
+    }
 }
 
 void gd_devices_refresh(gd_daemon_t *d)
 {
     cpu_memory(&d->devices[0]);
+    if (d->ndevices < 2)
+        return;
+    gr_device_info_t acc[GD_MAX_DEVICES - 1];
+    size_t n = GD_MAX_DEVICES - 1;
+    if (gr_devices(&n, acc) != GR_OK)
+        return;
+    for (size_t i = 0; i < n; i++) {
+        gd_device_t *dev = (gd_device_t *)gd_device_find(d, acc[i].device);
+        if (dev)
+            dev->memory_free = acc[i].free_bytes;
+    }
 }
 
 const gd_device_t *gd_device_find(const gd_daemon_t *d, const char *id)

@@ -91,6 +91,10 @@ DeviceRef parse_device(const char *device)
     const Family *family = nullptr;
     if (kind == "cpu")
         family = &family_cpu();
+#ifdef GR_HAVE_CUDA
+    else if (kind == "cuda")
+        family = &family_cuda();
+#endif
     else if (kind == "cuda" || kind == "xpu")
         throw Error(GR_EUNSUPPORTED, "device family '" + kind + "' is not built into this graphd");
     else
@@ -377,22 +381,31 @@ std::unique_ptr<Callable> prepare_callable(const gr_callable_spec_t &spec, const
     return c;
 }
 
-/* Makes the static tensors views of base and rebinds the parameters to theirs. */
-void bind(Callable &c, void *base)
+/* Makes the static tensors views of base (or, for a host-staged family, device twins of those
+ * views) and rebinds the parameters to theirs. */
+void bind(Callable &c, const Family &family, void *base)
 {
     c10::NoGradGuard no_grad;
+    const bool staged = family.staged();
+    const c10::Device block_device = staged ? c10::Device(c10::kCPU) : c.device;
     auto bytes = static_cast<uint8_t *>(base);
     torch::from_blob(base, {static_cast<int64_t>(c.total_bytes)},
-                     at::TensorOptions().dtype(at::kByte).device(c.device))
+                     at::TensorOptions().dtype(at::kByte).device(block_device))
         .zero_();
     std::vector<at::Tensor> inputs, params, grad_in, grad_param;
     c.out_views.clear();
     c.grad_out_views.clear();
+    c.host_views.clear();
+    c.dev_views.clear();
     for (const gr_tensor_desc_t &d : c.layout) {
-        at::Tensor v =
+        auto opts = at::TensorOptions().dtype(to_scalar(d.dtype));
+        at::Tensor host =
             torch::from_blob(bytes + d.offset, c10::IntArrayRef(d.shape, d.ndim),
-                             c10::IntArrayRef(d.strides, d.ndim),
-                             at::TensorOptions().dtype(to_scalar(d.dtype)).device(c.device));
+                             c10::IntArrayRef(d.strides, d.ndim), opts.device(block_device));
+        at::Tensor v =
+            staged ? at::zeros(c10::IntArrayRef(d.shape, d.ndim), opts.device(c.device)) : host;
+        c.host_views.push_back(host);
+        c.dev_views.push_back(v);
         switch (d.role) {
         case GR_ROLE_INPUT:
             v.copy_(c.args[d.index]);
@@ -429,6 +442,10 @@ void bind(Callable &c, void *base)
     c.grad_views.insert(c.grad_views.end(), grad_param.begin(), grad_param.end());
     if (c.grad_views.size() != c.grad_targets.size())
         throw Error(GR_EINTERNAL, "static gradients do not match the grad targets");
+    if (staged) /* the block starts with the sample args and parameter values, zeros elsewhere */
+        for (size_t k = 0; k < c.layout.size(); k++)
+            c.host_views[k].copy_(c.dev_views[k]);
+    family.bind(c, base, c.total_bytes);
 }
 
 void fill_info(const Callable &c, const Pool &pool, gr_graph_info_t *out)
@@ -649,7 +666,7 @@ extern "C" int gr_capture_finish(gr_capture_t *c, void *const *bases, gr_graph_t
         for (size_t i = 0; i < n; i++) {
             gr::Callable &cl = *cap->callables[i];
             gr::in_context("callable " + std::to_string(i), GR_EINVAL,
-                           [&] { gr::bind(cl, bases[i]); });
+                           [&] { gr::bind(cl, *pool.family, bases[i]); });
             all_buffers.insert(all_buffers.end(), cl.buffers.begin(), cl.buffers.end());
         }
         /* Capture must not change module state (a CUDA capture does not execute at all). */
@@ -786,5 +803,29 @@ extern "C" int gr_graph_layout(const gr_graph_t *g, size_t *count, gr_tensor_des
         return gr::fail_with(e, GR_EINTERNAL);
     } catch (...) {
         return gr::fail_unknown("gr_graph_layout");
+    }
+}
+
+extern "C" int gr_devices(size_t *count, gr_device_info_t *items)
+{
+    try {
+        if (count == nullptr)
+            return gr__set_error(GR_EINVAL, "gr_devices: NULL count");
+        std::vector<gr_device_info_t> all;
+#ifdef GR_HAVE_CUDA
+        all = gr::cuda_devices();
+#endif
+        if (items != nullptr) {
+            size_t n = std::min(*count, all.size());
+            std::copy(all.begin(), all.begin() + static_cast<ptrdiff_t>(n), items);
+            *count = n;
+        } else {
+            *count = all.size();
+        }
+        return GR_OK;
+    } catch (const std::exception &e) {
+        return gr::fail_with(e, GR_EINTERNAL);
+    } catch (...) {
+        return gr::fail_unknown("gr_devices");
     }
 }

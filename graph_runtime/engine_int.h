@@ -113,7 +113,12 @@ struct Callable {
     std::deque<std::string> names; /* storage for layout[].name */
     uint64_t total_bytes = 0;
 
-    /* Static tensors over the caller's block, after finish. */
+    /* Static tensors, after finish. host_views[k] is layout[k] over the caller's block;
+     * dev_views[k] is the tensor the method reads or writes for it: the same tensor for a family
+     * that runs on the block directly, a device twin for a host-staged family (which copies
+     * between the two inside its graphs). The vectors below are dev_views. */
+    std::vector<at::Tensor> host_views;
+    std::vector<at::Tensor> dev_views;
     std::vector<at::Tensor> out_views;      /* per output */
     std::vector<at::Tensor> grad_out_views; /* per output that requires grad */
     std::vector<at::Tensor> grad_views;     /* GRAD_INPUT then PARAM_GRAD, as grad_targets */
@@ -141,6 +146,17 @@ class Family
     virtual int device_count() const = 0;
     virtual c10::Device device(int index) const = 0;
     virtual std::unique_ptr<PoolState> make_pool(int index) const = 0;
+    /* true: the caller's blocks are host memory and the method runs on device twins of the
+     * static tensors (host-staged); false: the method runs on views of the blocks. */
+    virtual bool staged() const
+    {
+        return false;
+    }
+    /* Called once per callable after the engine has built its static tensors over base (bytes
+     * long), before any capture: a host-staged family pins the block here. */
+    virtual void bind(Callable & /*c*/, void * /*base*/, uint64_t /*bytes*/) const
+    {
+    }
     /* Runs the warm-up iterations (a CUDA family: on a side stream, synchronised around). */
     virtual void warmup(int index, const std::function<void()> &body) const = 0;
     virtual void capture_forward(Callable &c, PoolState *pool) const = 0;
@@ -150,6 +166,11 @@ class Family
 };
 
 const Family &family_cpu();
+#ifdef GR_HAVE_CUDA
+const Family &family_cuda();
+/* The CUDA devices, for gr_devices(); none (and no error) without a driver or a GPU. */
+std::vector<gr_device_info_t> cuda_devices();
+#endif
 
 } // namespace gr
 

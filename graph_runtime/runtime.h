@@ -113,6 +113,24 @@ const char *gr_role_name(int role);
 /* SHA-256 of data (OpenSSL). GR_EINVAL when data is NULL with len > 0, or out is NULL. */
 int gr_sha256(const void *data, size_t len, uint8_t out[GR_SHA256_LEN]);
 
+/* ---- devices ---------------------------------------------------------------------------- */
+
+/* One accelerator this runtime can capture on. */
+typedef struct gr_device_info {
+    char device[GR_DEVICE_MAX];  /* "cuda:0": what gr_pool_create and gr_capture_prepare take */
+    char name[128];              /* the driver's name, "NVIDIA H200" */
+    char compute_capability[16]; /* "9.0" */
+    uint64_t total_bytes;        /* device memory */
+    uint64_t free_bytes;         /* free at the call (cudaMemGetInfo) */
+} gr_device_info_t;
+
+/* Two-call pattern: with items NULL, *count gets the number of accelerators; else fills up to
+ * *count of them and sets *count to the number filled. Lists CUDA devices only (the CPU device,
+ * "cpu:0", always exists and is not listed). Zero devices, and GR_OK, when the CUDA family is not
+ * built in, or there is no driver or no GPU; never aborts. Safe before any other gr_ call; it
+ * creates a CUDA context on each device it lists (cudaMemGetInfo). GR_EINVAL for a NULL count. */
+int gr_devices(size_t *count, gr_device_info_t *items /* [optional] */);
+
 /* ---- modules ---------------------------------------------------------------------------- */
 
 typedef struct gr_module gr_module_t;

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Writes the TorchScript archives and reference data the graph_runtime unit test uses.
+"""Writes the TorchScript archives and reference data the graph_runtime unit test and the graph
+integration tests use.
 
 Usage: make_models.py OUTDIR
 
@@ -239,6 +240,16 @@ def make_misc(out, ref):
             dst.writestr(info.filename, data)
 
 
+def make_big(out, ref):
+    """A module over 1 MiB (libgraphd sends it through a shared region rather than inline)."""
+    torch.manual_seed(777)
+    lin = nn.Linear(640, 512)  # 1.3 MB of parameters
+    x = torch.randn(3, 640)
+    save_traced(lin, (x,), os.path.join(out, "big.pt"))
+    ref.put("big.x", x)
+    ref.put("big.y", lin(x))
+
+
 def main():
     if len(sys.argv) != 2:
         sys.exit("usage: make_models.py OUTDIR")
@@ -249,6 +260,7 @@ def main():
     make_mlp(out, ref)
     make_two(out, ref)
     make_misc(out, ref)
+    make_big(out, ref)
     ref.write(os.path.join(out, "ref.txt"))
 
 

@@ -158,12 +158,12 @@ static gr_arg_spec_t f32_arg(uint32_t ndim, const int64_t *shape, int requires_g
     return a;
 }
 
-/* Prepares and finishes a capture of n callables into fresh 64-byte aligned blocks. */
-static int capture(size_t n, const gr_callable_spec_t *specs, const gr_capture_opts_t *opts,
-                   tgraph_t *out)
+/* Prepares and finishes a capture of n callables on device into fresh 64-byte aligned blocks. */
+static int capture_on(const char *device, size_t n, const gr_callable_spec_t *specs,
+                      const gr_capture_opts_t *opts, tgraph_t *out)
 {
     gr_capture_t *c = NULL;
-    int rc = gr_capture_prepare("cpu:0", n, specs, opts, &c);
+    int rc = gr_capture_prepare(device, n, specs, opts, &c);
     if (rc != GR_OK)
         return rc;
     void *bases[8];
@@ -193,6 +193,12 @@ static int capture(size_t n, const gr_callable_spec_t *specs, const gr_capture_o
         assert_int_equal(count, out[i].count);
     }
     return GR_OK;
+}
+
+static int capture(size_t n, const gr_callable_spec_t *specs, const gr_capture_opts_t *opts,
+                   tgraph_t *out)
+{
+    return capture_on("cpu:0", n, specs, opts, out);
 }
 
 static void release(tgraph_t *t, size_t n)
@@ -846,7 +852,7 @@ static void test_bad_capture_arguments(void **state)
     gr_callable_spec_t spec = {m, NULL, 1, &arg};
     gr_capture_t *c = NULL;
 
-    assert_error(gr_capture_prepare("cuda:0", 1, &spec, NULL, &c), GR_EUNSUPPORTED, "cuda");
+    assert_error(gr_capture_prepare("xpu:0", 1, &spec, NULL, &c), GR_EUNSUPPORTED, "xpu");
     assert_error(gr_capture_prepare("cpu:1", 1, &spec, NULL, &c), GR_ENOTFOUND, NULL);
     assert_error(gr_capture_prepare("tpu:0", 1, &spec, NULL, &c), GR_EINVAL, NULL);
     assert_error(gr_capture_prepare("cpu:x", 1, &spec, NULL, &c), GR_EINVAL, NULL);
@@ -885,7 +891,7 @@ static void test_bad_capture_arguments(void **state)
     assert_error(gr_capture_prepare("cpu:0", 1, &bad, NULL, &c), GR_EINVAL, "argument");
 
     gr_pool_t *pool = NULL;
-    assert_error(gr_pool_create("cuda:0", &pool), GR_EUNSUPPORTED, NULL);
+    assert_error(gr_pool_create("xpu:0", &pool), GR_EUNSUPPORTED, NULL);
 
     /* A misaligned block: the capture is consumed and nothing leaks. */
     assert_int_equal(gr_capture_prepare("cpu:0", 1, &spec, NULL, &c), GR_OK);
@@ -990,6 +996,182 @@ static void test_concurrent_workers(void **state)
     free(bytes);
 }
 
+/* ---- CUDA (host-staged); skipped where gr_devices lists no GPU --------------------------- */
+
+#define CUDA_REL_TOL 1e-4
+
+static size_t cuda_count(void)
+{
+    size_t n = 0;
+    assert_int_equal(gr_devices(&n, NULL), GR_OK);
+    return n;
+}
+
+static void test_devices(void **state)
+{
+    (void)state;
+    size_t n = cuda_count();
+    assert_error(gr_devices(NULL, NULL), GR_EINVAL, NULL);
+    gr_pool_t *pool = NULL;
+    if (n == 0) {
+        int rc = gr_pool_create("cuda:0", &pool);
+        assert_true(rc == GR_EUNSUPPORTED || rc == GR_ENOTFOUND);
+        return;
+    }
+    gr_device_info_t items[4];
+    size_t got = 4;
+    assert_int_equal(gr_devices(&got, items), GR_OK);
+    assert_int_equal(got, n < 4 ? n : 4);
+    for (size_t i = 0; i < got; i++) {
+        char want[GR_DEVICE_MAX];
+        snprintf(want, sizeof want, "cuda:%zu", i);
+        assert_string_equal(items[i].device, want);
+        assert_true(items[i].name[0] != '\0');
+        assert_true(strchr(items[i].compute_capability, '.') != NULL);
+        assert_true(items[i].total_bytes > 0);
+        assert_true(items[i].free_bytes > 0 && items[i].free_bytes <= items[i].total_bytes);
+        printf("# %s: %s, cc %s, %.1f GiB, %.1f GiB free\n", items[i].device, items[i].name,
+               items[i].compute_capability, items[i].total_bytes / 1073741824.0,
+               items[i].free_bytes / 1073741824.0);
+    }
+    got = 0;
+    assert_int_equal(gr_devices(&got, items), GR_OK);
+    assert_int_equal(got, 0);
+    char past[GR_DEVICE_MAX];
+    snprintf(past, sizeof past, "cuda:%zu", n);
+    assert_error(gr_pool_create(past, &pool), GR_ENOTFOUND, NULL);
+}
+
+static void test_cuda_mlp_training_parity(void **state)
+{
+    (void)state;
+    if (cuda_count() == 0)
+        skip();
+    gr_module_t *m = load_model("mlp.pt");
+    const int64_t xs[2] = {16, 16};
+    gr_arg_spec_t arg = f32_arg(2, xs, 0);
+    gr_callable_spec_t spec = {m, NULL, 1, &arg};
+    tgraph_t t;
+    int rc = capture_on("cuda:0", 1, &spec, NULL, &t);
+    if (rc != GR_OK)
+        fail_msg("capture on cuda:0: %s: %s", gr_err_name(rc), gr_last_error());
+    gr_graph_info_t info;
+    assert_int_equal(gr_graph_info(t.g, &info), GR_OK);
+    assert_string_equal(info.device, "cuda:0");
+    assert_int_equal(info.has_backward, 1);
+    assert_int_equal(count_role(&t, GR_ROLE_PARAM_GRAD), 6);
+
+    /* BACKWARD before any FORWARD is refused, as on the CPU. */
+    assert_error(gr_graph_replay(t.g, GR_PHASE_BACKWARD, NULL), GR_EPRECOND, NULL);
+
+    const double *x = ref("mlp.x", 256), *y = ref("mlp.y", 128);
+    const double *losses = ref("mlp.losses", STEPS);
+    for (int step = 0; step < STEPS; step++) {
+        put(&t, GR_ROLE_INPUT, 0, x);
+        uint64_t ns = 0;
+        assert_int_equal(gr_graph_replay(t.g, GR_PHASE_FORWARD, &ns), GR_OK);
+        assert_true(ns > 0);
+        double loss = mse_step(&t, y);
+        replay_ok(t.g, GR_PHASE_BACKWARD);
+        sgd(&t); /* on the host block: the next FORWARD copies the parameters in */
+        double rel = fabs(loss - losses[step]) / fmax(fabs(losses[step]), 1e-12);
+        if (rel > CUDA_REL_TOL)
+            fail_msg("cuda mlp step %d: loss %.9g, reference %.9g (rel %.3g)", step, loss,
+                     losses[step], rel);
+    }
+    assert_int_equal(gr_graph_info(t.g, &info), GR_OK);
+    assert_int_equal(info.forward_replays, STEPS);
+    assert_int_equal(info.backward_replays, STEPS);
+    release(&t, 1);
+    gr_module_release(m);
+}
+
+static void test_cuda_two_callables_shared_pool(void **state)
+{
+    (void)state;
+    if (cuda_count() == 0)
+        skip();
+    gr_module_t *ma = load_model("two_a.pt"), *mb = load_model("two_b.pt");
+    const int64_t xa[2] = {16, 16}, xb[2] = {16, 12};
+    gr_arg_spec_t arg_a = f32_arg(2, xa, 0), arg_b = f32_arg(2, xb, 1);
+    gr_callable_spec_t specs[2] = {{ma, "forward", 1, &arg_a}, {mb, NULL, 1, &arg_b}};
+    gr_pool_t *pool = NULL;
+    assert_int_equal(gr_pool_create("cuda:0", &pool), GR_OK);
+    gr_capture_opts_t opts;
+    gr_capture_opts_init(&opts);
+    opts.pool = pool;
+    tgraph_t t[2];
+    int rc = capture_on("cuda:0", 2, specs, &opts, t);
+    if (rc != GR_OK)
+        fail_msg("capture on cuda:0: %s: %s", gr_err_name(rc), gr_last_error());
+    assert_error(gr_pool_destroy(pool), GR_EBUSY, NULL);
+    assert_int_equal(count_role(&t[1], GR_ROLE_GRAD_INPUT), 1);
+
+    const double *x = ref("two.x", 256), *y = ref("two.y", 128);
+    const double *losses = ref("two.losses", STEPS);
+    size_t n_mid = numel(find(&t[0], GR_ROLE_OUTPUT, 0));
+    for (int step = 0; step < STEPS; step++) {
+        put(&t[0], GR_ROLE_INPUT, 0, x);
+        replay_ok(t[0].g, GR_PHASE_FORWARD);
+        memcpy(f32(&t[1], GR_ROLE_INPUT, 0), f32(&t[0], GR_ROLE_OUTPUT, 0), n_mid * 4);
+        replay_ok(t[1].g, GR_PHASE_FORWARD);
+        double loss = mse_step(&t[1], y);
+        replay_ok(t[1].g, GR_PHASE_BACKWARD);
+        memcpy(f32(&t[0], GR_ROLE_GRAD_OUTPUT, 0), f32(&t[1], GR_ROLE_GRAD_INPUT, 0), n_mid * 4);
+        replay_ok(t[0].g, GR_PHASE_BACKWARD);
+        sgd(&t[0]);
+        sgd(&t[1]);
+        double rel = fabs(loss - losses[step]) / fmax(fabs(losses[step]), 1e-12);
+        if (rel > CUDA_REL_TOL)
+            fail_msg("cuda two step %d: loss %.9g, reference %.9g (rel %.3g)", step, loss,
+                     losses[step], rel);
+    }
+    release(t, 2);
+    assert_int_equal(gr_pool_destroy(pool), GR_OK);
+    gr_module_release(ma);
+    gr_module_release(mb);
+}
+
+static void test_cuda_replay_twice_identical(void **state)
+{
+    (void)state;
+    if (cuda_count() == 0)
+        skip();
+    gr_module_t *m = load_model("mlp.pt");
+    const int64_t xs[2] = {16, 16};
+    gr_arg_spec_t arg = f32_arg(2, xs, 0);
+    gr_callable_spec_t spec = {m, NULL, 1, &arg};
+    tgraph_t t;
+    int rc = capture_on("cuda:0", 1, &spec, NULL, &t);
+    if (rc != GR_OK)
+        fail_msg("capture on cuda:0: %s: %s", gr_err_name(rc), gr_last_error());
+    const gr_tensor_desc_t *od = find(&t, GR_ROLE_OUTPUT, 0);
+    const gr_tensor_desc_t *gd = find(&t, GR_ROLE_PARAM_GRAD, 0);
+    uint8_t *out1 = malloc(od->nbytes), *grad1 = malloc(gd->nbytes);
+    put(&t, GR_ROLE_INPUT, 0, ref("mlp.x", 256));
+    for (int i = 0; i < 2; i++) {
+        replay_ok(t.g, GR_PHASE_FORWARD);
+        mse_step(&t, ref("mlp.y", 128));
+        replay_ok(t.g, GR_PHASE_BACKWARD);
+        if (i == 0) {
+            memcpy(out1, at(&t, od->offset), od->nbytes);
+            memcpy(grad1, at(&t, gd->offset), gd->nbytes);
+            memset(at(&t, od->offset), 0, od->nbytes); /* the next replay must write them again */
+            memset(at(&t, gd->offset), 0, gd->nbytes);
+        }
+    }
+    assert_memory_equal(out1, at(&t, od->offset), od->nbytes);
+    assert_memory_equal(grad1, at(&t, gd->offset), gd->nbytes);
+    /* A changed input is seen by the next replay. */
+    f32(&t, GR_ROLE_INPUT, 0)[0] += 1.0f;
+    replay_ok(t.g, GR_PHASE_FORWARD);
+    assert_true(memcmp(out1, at(&t, od->offset), od->nbytes) != 0);
+    free(out1);
+    free(grad1);
+    release(&t, 1);
+    gr_module_release(m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1011,6 +1193,10 @@ int main(void)
         cmocka_unit_test(test_throwing_forward),
         cmocka_unit_test(test_bad_capture_arguments),
         cmocka_unit_test(test_concurrent_workers),
+        cmocka_unit_test(test_devices),
+        cmocka_unit_test(test_cuda_mlp_training_parity),
+        cmocka_unit_test(test_cuda_two_callables_shared_pool),
+        cmocka_unit_test(test_cuda_replay_twice_identical),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

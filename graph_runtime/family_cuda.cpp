@@ -1,0 +1,390 @@
+/*
+ * graph_runtime CUDA family, host-staged: the caller's static blocks are host memory (the
+ * daemon's memfd regions); each static tensor has a device twin, and the captured graphs copy
+ * between the two. FORWARD: INPUT and PARAM host-to-device, the method, OUTPUT device-to-host.
+ * BACKWARD: GRAD_OUTPUT host-to-device, autograd.grad, GRAD_INPUT and PARAM_GRAD device-to-host.
+ * Parameters are copied in on every FORWARD, so a client's host-side optimizer step is always
+ * seen. A replay launches the graph on its pool's stream and waits for it: the caller reads the
+ * block as soon as the replay returns.
+ *
+ * The blocks are page-locked with cudaHostRegister so the copies are real asynchronous DMA that a
+ * graph can record. Two blocks may share a page, so registrations are page ranges counted
+ * process-wide (PinnedRanges). Where registration fails (some sandboxes refuse it), the callable
+ * stages through a pinned bounce buffer of its own, copied on the host around each replay.
+ *
+ * Built only with -DGR_HAVE_CUDA (the Makefile's TORCH=python on a torch with CUDA).
+ */
+#ifdef GR_HAVE_CUDA
+
+#include "engine_int.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <mutex>
+
+#include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
+#include <unistd.h>
+
+namespace gr
+{
+
+namespace
+{
+
+void check(cudaError_t err, const char *what)
+{
+    if (err != cudaSuccess) {
+        (void)cudaGetLastError(); /* clear a sticky-free error so later calls do not see it */
+        throw Error(err == cudaErrorMemoryAllocation ? GR_ENOMEM : GR_EINTERNAL,
+                    std::string(what) + ": " + cudaGetErrorString(err));
+    }
+}
+
+/* Page ranges registered with cudaHostRegister, reference-counted: blocks that share pages
+ * share registrations. Process-wide (the one place the CUDA family keeps global state, as the
+ * driver's registration table is process-wide too). */
+class PinnedRanges
+{
+  public:
+    /* Registers [p, p + len) rounded out to pages; returns the starts of the ranges it holds. */
+    std::vector<uintptr_t> pin(const void *p, size_t len)
+    {
+        const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+        uintptr_t cur = reinterpret_cast<uintptr_t>(p) / page * page;
+        const uintptr_t end = (reinterpret_cast<uintptr_t>(p) + len + page - 1) / page * page;
+        std::lock_guard<std::mutex> lock(mu_);
+        std::vector<uintptr_t> held;
+        auto it = ranges_.upper_bound(cur);
+        if (it != ranges_.begin() && std::prev(it)->second.end > cur)
+            it = std::prev(it);
+        try {
+            while (cur < end) {
+                if (it != ranges_.end() && it->first <= cur) {
+                    it->second.refs++;
+                    held.push_back(it->first);
+                    cur = it->second.end;
+                    ++it;
+                    continue;
+                }
+                uintptr_t gap_end = it != ranges_.end() ? std::min(end, it->first) : end;
+                cudaError_t err = cudaHostRegister(reinterpret_cast<void *>(cur), gap_end - cur,
+                                                   cudaHostRegisterDefault);
+                bool owned = true;
+                if (err == cudaErrorHostMemoryAlreadyRegistered) {
+                    (void)cudaGetLastError();
+                    owned = false; /* pinned by someone else (the caller itself): borrow it */
+                } else {
+                    check(err, "cudaHostRegister");
+                }
+                ranges_.emplace(cur, Range{gap_end, 1, owned});
+                held.push_back(cur);
+                cur = gap_end;
+            }
+        } catch (...) {
+            release_locked(held);
+            throw;
+        }
+        return held;
+    }
+
+    void unpin(const std::vector<uintptr_t> &held)
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        release_locked(held);
+    }
+
+  private:
+    struct Range {
+        uintptr_t end;
+        int refs;
+        bool owned;
+    };
+
+    void release_locked(const std::vector<uintptr_t> &held)
+    {
+        for (uintptr_t start : held) {
+            auto it = ranges_.find(start);
+            if (it == ranges_.end() || --it->second.refs > 0)
+                continue;
+            if (it->second.owned &&
+                cudaHostUnregister(reinterpret_cast<void *>(start)) != cudaSuccess)
+                (void)cudaGetLastError();
+            ranges_.erase(it);
+        }
+    }
+
+    std::mutex mu_;
+    std::map<uintptr_t, Range> ranges_;
+};
+
+PinnedRanges &pinned()
+{
+    static PinnedRanges *r = new PinnedRanges; /* never destroyed: outlives static teardown */
+    return *r;
+}
+
+using PoolId = decltype(at::cuda::graph_pool_handle());
+
+struct CudaPool final : PoolState {
+    int index;
+    PoolId id;
+    c10::cuda::CUDAStream stream;
+    CudaPool(int index_, PoolId id_, c10::cuda::CUDAStream stream_)
+        : index(index_), id(id_), stream(stream_)
+    {
+    }
+};
+
+struct CudaCallable final : FamilyState {
+    uint8_t *block = nullptr;    /* the caller's block */
+    uint8_t *staging = nullptr;  /* what the graphs copy from and to: block, or bounce */
+    void *bounce = nullptr;      /* pinned copy of the block where registration failed */
+    std::vector<uintptr_t> held; /* pinned page ranges */
+    std::optional<c10::cuda::CUDAStream> stream;
+    std::unique_ptr<at::cuda::CUDAGraph> fwd, bwd;
+
+    ~CudaCallable() override
+    {
+        try {
+            if (stream)
+                stream->synchronize();
+        } catch (...) {
+        }
+        fwd.reset();
+        bwd.reset();
+        pinned().unpin(held);
+        if (bounce != nullptr && cudaFreeHost(bounce) != cudaSuccess)
+            (void)cudaGetLastError();
+    }
+};
+
+CudaCallable &state_of(Callable &c)
+{
+    auto *s = dynamic_cast<CudaCallable *>(c.family_state.get());
+    if (s == nullptr)
+        throw Error(GR_EINTERNAL, "CUDA callable without its family state");
+    return *s;
+}
+
+bool role_in(int role, std::initializer_list<int> roles)
+{
+    return std::find(roles.begin(), roles.end(), role) != roles.end();
+}
+
+/* Records (at capture) the copies of the static tensors of the given roles between the staging
+ * memory and the device twins, on the current stream. */
+void stage(Callable &c, CudaCallable &st, bool to_device, std::initializer_list<int> roles)
+{
+    cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
+    for (size_t k = 0; k < c.layout.size(); k++) {
+        const gr_tensor_desc_t &d = c.layout[k];
+        if (!role_in(d.role, roles) || d.nbytes == 0)
+            continue;
+        void *host = st.staging + d.offset;
+        void *dev = c.dev_views[k].data_ptr();
+        check(to_device ? cudaMemcpyAsync(dev, host, d.nbytes, cudaMemcpyHostToDevice, stream)
+                        : cudaMemcpyAsync(host, dev, d.nbytes, cudaMemcpyDeviceToHost, stream),
+              "cudaMemcpyAsync");
+    }
+}
+
+/* With a bounce buffer: the host-side copies around a replay. */
+void bounce(Callable &c, CudaCallable &st, bool in, std::initializer_list<int> roles)
+{
+    if (st.bounce == nullptr)
+        return;
+    for (const gr_tensor_desc_t &d : c.layout) {
+        if (!role_in(d.role, roles))
+            continue;
+        if (in)
+            std::memcpy(st.staging + d.offset, st.block + d.offset, d.nbytes);
+        else
+            std::memcpy(st.block + d.offset, st.staging + d.offset, d.nbytes);
+    }
+}
+
+template <typename F>
+std::unique_ptr<at::cuda::CUDAGraph> capture_graph(const CudaPool &pool, F &&body)
+{
+    auto graph = std::make_unique<at::cuda::CUDAGraph>();
+    c10::cuda::CUDAStreamGuard guard(pool.stream);
+    c10::cuda::device_synchronize(); /* as torch.cuda.graph does before capture */
+    graph->capture_begin(pool.id);
+    try {
+        body();
+    } catch (...) {
+        try {
+            graph->capture_end();
+        } catch (...) {
+        }
+        (void)cudaGetLastError();
+        throw;
+    }
+    graph->capture_end();
+    return graph;
+}
+
+const CudaPool &pool_of(PoolState *p)
+{
+    auto *pool = dynamic_cast<CudaPool *>(p);
+    if (pool == nullptr)
+        throw Error(GR_EINTERNAL, "CUDA capture without a CUDA pool");
+    return *pool;
+}
+
+class CudaFamily final : public Family
+{
+  public:
+    const char *kind() const override
+    {
+        return "cuda";
+    }
+    int device_count() const override
+    {
+        return static_cast<int>(c10::cuda::device_count());
+    }
+    c10::Device device(int index) const override
+    {
+        return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(index));
+    }
+    std::unique_ptr<PoolState> make_pool(int index) const override
+    {
+        auto dev = static_cast<c10::DeviceIndex>(index);
+        c10::cuda::CUDAGuard guard(dev);
+        return std::make_unique<CudaPool>(index, at::cuda::graph_pool_handle(),
+                                          c10::cuda::getStreamFromPool(false, dev));
+    }
+    bool staged() const override
+    {
+        return true;
+    }
+    void bind(Callable &c, void *base, uint64_t bytes) const override
+    {
+        auto st = std::make_unique<CudaCallable>();
+        st->block = static_cast<uint8_t *>(base);
+        st->staging = st->block;
+        if (bytes > 0) {
+            try {
+                st->held = pinned().pin(base, bytes);
+            } catch (const Error &e) {
+                /* Registration refused: stage through a pinned buffer of our own. */
+                check(cudaHostAlloc(&st->bounce, bytes, cudaHostAllocDefault), "cudaHostAlloc");
+                st->staging = static_cast<uint8_t *>(st->bounce);
+                std::memcpy(st->staging, st->block, bytes);
+                std::fprintf(stderr, "graph_runtime: %s; staging through a bounce buffer\n",
+                             e.what());
+            }
+        }
+        c.family_state = std::move(st);
+    }
+    void warmup(int index, const std::function<void()> &body) const override
+    {
+        auto dev = static_cast<c10::DeviceIndex>(index);
+        c10::cuda::CUDAGuard guard(dev);
+        c10::cuda::device_synchronize();
+        {
+            c10::cuda::CUDAStreamGuard side(c10::cuda::getStreamFromPool(false, dev));
+            body();
+        }
+        c10::cuda::device_synchronize();
+    }
+    void capture_forward(Callable &c, PoolState *pool) const override
+    {
+        const CudaPool &p = pool_of(pool);
+        CudaCallable &st = state_of(c);
+        st.stream = p.stream;
+        st.fwd = capture_graph(p, [&] {
+            stage(c, st, true, {GR_ROLE_INPUT, GR_ROLE_PARAM});
+            run_forward(c);
+            stage(c, st, false, {GR_ROLE_OUTPUT});
+        });
+    }
+    void capture_backward(Callable &c, PoolState *pool) const override
+    {
+        const CudaPool &p = pool_of(pool);
+        CudaCallable &st = state_of(c);
+        st.bwd = capture_graph(p, [&] {
+            stage(c, st, true, {GR_ROLE_GRAD_OUTPUT});
+            run_backward(c);
+            stage(c, st, false, {GR_ROLE_GRAD_INPUT, GR_ROLE_PARAM_GRAD});
+        });
+    }
+    void replay_forward(Callable &c) const override
+    {
+        CudaCallable &st = state_of(c);
+        bounce(c, st, true, {GR_ROLE_INPUT, GR_ROLE_PARAM});
+        replay(st, *st.fwd);
+        bounce(c, st, false, {GR_ROLE_OUTPUT});
+    }
+    void replay_backward(Callable &c) const override
+    {
+        CudaCallable &st = state_of(c);
+        if (!st.bwd)
+            throw Error(GR_EPRECOND, "no backward graph");
+        bounce(c, st, true, {GR_ROLE_GRAD_OUTPUT});
+        replay(st, *st.bwd);
+        bounce(c, st, false, {GR_ROLE_GRAD_INPUT, GR_ROLE_PARAM_GRAD});
+    }
+
+  private:
+    static void replay(CudaCallable &st, at::cuda::CUDAGraph &graph)
+    {
+        c10::cuda::CUDAStreamGuard guard(*st.stream);
+        graph.replay();
+        st.stream->synchronize();
+    }
+};
+
+} // namespace
+
+const Family &family_cuda()
+{
+    static const CudaFamily family;
+    return family;
+}
+
+std::vector<gr_device_info_t> cuda_devices()
+{
+    std::vector<gr_device_info_t> out;
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) { /* no driver, no GPU: no devices */
+        (void)cudaGetLastError();
+        return out;
+    }
+    int prev = 0;
+    bool restore = cudaGetDevice(&prev) == cudaSuccess;
+    for (int i = 0; i < n; i++) {
+        cudaDeviceProp prop;
+        if (cudaGetDeviceProperties(&prop, i) != cudaSuccess) {
+            (void)cudaGetLastError();
+            continue;
+        }
+        gr_device_info_t d{};
+        std::snprintf(d.device, sizeof d.device, "cuda:%d", i);
+        std::snprintf(d.name, sizeof d.name, "%s", prop.name);
+        std::snprintf(d.compute_capability, sizeof d.compute_capability, "%d.%d", prop.major,
+                      prop.minor);
+        d.total_bytes = prop.totalGlobalMem;
+        size_t free_b = 0, total_b = 0;
+        if (cudaSetDevice(i) == cudaSuccess && cudaMemGetInfo(&free_b, &total_b) == cudaSuccess) {
+            d.free_bytes = free_b;
+            d.total_bytes = total_b;
+        } else {
+            (void)cudaGetLastError();
+        }
+        out.push_back(d);
+    }
+    if (restore)
+        (void)cudaSetDevice(prev);
+    return out;
+}
+
+} // namespace gr
+
+#endif /* GR_HAVE_CUDA */
