@@ -75,8 +75,7 @@ void gd_devices_discover(gd_daemon_t *d)
         snprintf(dev->id, sizeof dev->id, "%.31s", acc[i].device);
         const char *colon = strchr(acc[i].device, ':');
         snprintf(dev->kind, sizeof dev->kind, "%.*s",
-                 colon ? (int)(colon - acc[i].device) : (int)strlen(acc[i].device),
-                 acc[i].device);
+                 colon ? (int)(colon - acc[i].device) : (int)strlen(acc[i].device), acc[i].device);
         dev->ordinal = colon ? (uint32_t)strtoul(colon + 1, NULL, 10) : 0;
         snprintf(dev->name, sizeof dev->name, "%.127s", acc[i].name);
         snprintf(dev->compute_capability, sizeof dev->compute_capability, "%.15s",
