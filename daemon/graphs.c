@@ -603,6 +603,7 @@ static void fill_desc(Graphd__V1__TensorDesc *t, const gr_tensor_desc_t *g, uint
     t->offset = g->offset;
     t->nbytes = g->nbytes;
     t->requires_grad = (g->flags & GR_TENSOR_REQUIRES_GRAD) != 0;
+    t->absent = (g->flags & GR_TENSOR_ABSENT) != 0;
 }
 
 static void capture_finish_run(gd_job_t *job)

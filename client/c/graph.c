@@ -303,6 +303,7 @@ static int graph_from_info(graphd_client_t *c, const Graphd__V1__GraphInfo *info
         t->nbytes = d->nbytes;
         t->requires_grad = d->requires_grad != 0;
         t->data = base + d->offset;
+        t->absent = d->absent != 0;
     }
     g->id = info->graph_id;
     g->training = info->training != 0;

@@ -295,6 +295,7 @@ typedef struct graphd_tensor {
     uint64_t nbytes;
     int requires_grad;
     void *data; /* the mapped address in this process, valid until the graph is released */
+    int absent; /* GRAD_INPUT / PARAM_GRAD: no gradient (upstream's None); zero-filled */
 } graphd_tensor_t;
 
 /*

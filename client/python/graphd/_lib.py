@@ -61,7 +61,8 @@ class Tensor(ctypes.Structure):
                 ("dtype", ctypes.c_int), ("ndim", ctypes.c_uint32),
                 ("shape", ctypes.c_int64 * GRAPHD_MAX_DIMS),
                 ("strides", ctypes.c_int64 * GRAPHD_MAX_DIMS), ("nbytes", ctypes.c_uint64),
-                ("requires_grad", ctypes.c_int), ("data", ctypes.c_void_p)]
+                ("requires_grad", ctypes.c_int), ("data", ctypes.c_void_p),
+                ("absent", ctypes.c_int)]
 
 
 _c = ctypes

@@ -169,8 +169,11 @@ class _Static:
         by_role = {r: {} for r in _lib.ROLE_NAMES}
         names = {}
         flags = {}
+        self.absent = set()  # (role, index) of grads autograd does not give (upstream's None)
         for d in graph.tensors:
             by_role[d.role][d.index] = _view(d, graph)
+            if d.absent:
+                self.absent.add((d.role, d.index))
             names[(d.role, d.index)] = _lib.text(d.name)
             flags[(d.role, d.index)] = bool(d.requires_grad)
 
@@ -266,9 +269,13 @@ class _Graphed(torch.autograd.Function):
         result = [None]  # the runner
         for k in range(runner.n_args):
             g = s.grad_inputs.get(k)
+            if (_lib.ROLE_GRAD_INPUT, k) in s.absent:
+                g = None
             result.append(g.clone() if g is not None and need[1 + k] else None)
         for k in range(len(runner.module_params)):
             g = s.param_grads.get(k)
+            if (_lib.ROLE_PARAM_GRAD, k) in s.absent:
+                g = None
             result.append(g.clone() if g is not None and need[1 + runner.n_args + k] else None)
         return tuple(result)
 
