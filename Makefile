@@ -37,7 +37,7 @@ TORCH_LIBS   := -L$(TORCH_DIR)/lib -Wl,-rpath,$(TORCH_DIR)/lib -ltorch -ltorch_c
 TORCH_CUDA   := $(shell $(PYTHON) -c 'import os,torch;d=os.path.dirname(torch.__file__);print("yes" if torch.version.cuda and os.path.isdir(d+"/include/ATen/cuda") else "")' 2>/dev/null)
 ifneq ($(TORCH_CUDA),)
 CUDA_PY_DIR  := $(abspath $(TORCH_DIR)/../nvidia/cu13)
-CUDA_INC     := $(firstword $(dir $(wildcard $(CUDA_PY_DIR)/include/cuda_runtime_api.h /usr/local/cuda/include/cuda_runtime_api.h)))
+CUDA_INC     := $(firstword $(dir $(wildcard /usr/local/cuda/include/cuda_runtime_api.h $(CUDA_PY_DIR)/include/cuda_runtime_api.h)))
 TORCH_CFLAGS += -DGR_HAVE_CUDA $(if $(CUDA_INC),-isystem $(CUDA_INC))
 TORCH_LIBS   += -ltorch_cuda -lc10_cuda -L$(CUDA_PY_DIR)/lib -Wl,-rpath,$(CUDA_PY_DIR)/lib -l:libcudart.so.13
 endif

@@ -444,7 +444,7 @@ void bind(Callable &c, const Family &family, void *base)
         throw Error(GR_EINTERNAL, "static gradients do not match the grad targets");
     if (staged) /* the block starts with the sample args and parameter values, zeros elsewhere */
         for (size_t k = 0; k < c.layout.size(); k++)
-            c.host_views[k].copy_(c.dev_views[k]);
+            c.host_views[k].copy_(c.dev_views[k].to(c10::kCPU)); /* block may be part-pinned */
     family.bind(c, base, c.total_bytes);
 }
 

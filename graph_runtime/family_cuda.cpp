@@ -8,9 +8,10 @@
  * block as soon as the replay returns.
  *
  * The blocks are page-locked with cudaHostRegister so the copies are real asynchronous DMA that a
- * graph can record. Two blocks may share a page, so registrations are page ranges counted
- * process-wide (PinnedRanges). Where registration fails (some sandboxes refuse it), the callable
- * stages through a pinned bounce buffer of its own, copied on the host around each replay.
+ * graph can record. Registrations are page ranges counted process-wide (PinnedRanges). Where a
+ * block cannot be registered (it shares pages with another block but is not inside that one's
+ * registration, or the system refuses), the callable stages through a pinned bounce buffer of its
+ * own, copied on the host around each replay: correct, one host memcpy slower.
  *
  * Built only with -DGR_HAVE_CUDA (the Makefile's TORCH=python on a torch with CUDA).
  */
@@ -52,45 +53,37 @@ void check(cudaError_t err, const char *what)
 class PinnedRanges
 {
   public:
-    /* Registers [p, p + len) rounded out to pages; returns the starts of the ranges it holds. */
+    /* Registers [p, p + len) rounded out to pages; returns the start of the range it holds. A
+     * block inside one range already registered shares it; a block that overlaps registered
+     * pages only in part cannot be pinned (a copy must not span two registrations): GR_EBUSY,
+     * and the caller stages through a bounce buffer. */
     std::vector<uintptr_t> pin(const void *p, size_t len)
     {
         const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
-        uintptr_t cur = reinterpret_cast<uintptr_t>(p) / page * page;
+        const uintptr_t start = reinterpret_cast<uintptr_t>(p) / page * page;
         const uintptr_t end = (reinterpret_cast<uintptr_t>(p) + len + page - 1) / page * page;
         std::lock_guard<std::mutex> lock(mu_);
-        std::vector<uintptr_t> held;
-        auto it = ranges_.upper_bound(cur);
-        if (it != ranges_.begin() && std::prev(it)->second.end > cur)
-            it = std::prev(it);
-        try {
-            while (cur < end) {
-                if (it != ranges_.end() && it->first <= cur) {
-                    it->second.refs++;
-                    held.push_back(it->first);
-                    cur = it->second.end;
-                    ++it;
-                    continue;
-                }
-                uintptr_t gap_end = it != ranges_.end() ? std::min(end, it->first) : end;
-                cudaError_t err = cudaHostRegister(reinterpret_cast<void *>(cur), gap_end - cur,
-                                                   cudaHostRegisterDefault);
-                bool owned = true;
-                if (err == cudaErrorHostMemoryAlreadyRegistered) {
-                    (void)cudaGetLastError();
-                    owned = false; /* pinned by someone else (the caller itself): borrow it */
-                } else {
-                    check(err, "cudaHostRegister");
-                }
-                ranges_.emplace(cur, Range{gap_end, 1, owned});
-                held.push_back(cur);
-                cur = gap_end;
-            }
-        } catch (...) {
-            release_locked(held);
-            throw;
+        auto it = ranges_.upper_bound(start);
+        if (it != ranges_.begin() && std::prev(it)->second.end > start) {
+            auto prev = std::prev(it);
+            if (prev->second.end < end)
+                throw Error(GR_EBUSY, "block shares pages with another pinned block");
+            prev->second.refs++;
+            return {prev->first};
         }
-        return held;
+        if (it != ranges_.end() && it->first < end)
+            throw Error(GR_EBUSY, "block shares pages with another pinned block");
+        cudaError_t err =
+            cudaHostRegister(reinterpret_cast<void *>(start), end - start, cudaHostRegisterDefault);
+        bool owned = true;
+        if (err == cudaErrorHostMemoryAlreadyRegistered) {
+            (void)cudaGetLastError();
+            owned = false; /* pinned by someone else (the caller itself): borrow it */
+        } else {
+            check(err, "cudaHostRegister");
+        }
+        ranges_.emplace(start, Range{end, 1, owned});
+        return {start};
     }
 
     void unpin(const std::vector<uintptr_t> &held)
@@ -367,7 +360,8 @@ std::vector<gr_device_info_t> cuda_devices()
         }
         gr_device_info_t d{};
         std::snprintf(d.device, sizeof d.device, "cuda:%d", i);
-        std::snprintf(d.name, sizeof d.name, "%s", prop.name);
+        size_t len = std::min(strnlen(prop.name, sizeof prop.name), sizeof d.name - 1);
+        std::memcpy(d.name, prop.name, len); /* d is zeroed: NUL-terminated */
         std::snprintf(d.compute_capability, sizeof d.compute_capability, "%d.%d", prop.major,
                       prop.minor);
         d.total_bytes = prop.totalGlobalMem;
