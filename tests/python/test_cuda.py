@@ -11,14 +11,12 @@ import torch.nn as nn
 import graphd
 
 
-def _has_cuda_device():
-    try:
-        return any(d["id"] == "cuda:0" for d in graphd.default_client().devices())
-    except graphd.GraphdError:
-        return False
-
-
-pytestmark = pytest.mark.skipif(not _has_cuda_device(), reason="the daemon has no cuda:0 device")
+@pytest.fixture(autouse=True)
+def cuda_device(daemon):
+    # Asked of the test session's daemon (the conftest fixture), not at import time: the default
+    # client must not be created before GRAPHD_ADDRESS points at that daemon.
+    if not any(d["id"] == "cuda:0" for d in graphd.default_client().devices()):
+        pytest.skip("the daemon has no cuda:0 device")
 
 RT = dict(rtol=1e-4, atol=1e-5)
 
