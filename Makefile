@@ -148,7 +148,7 @@ $(SOCLI): $(call obj,$(CLI_SRC)) $(GEN_O)
 	@ln -sf libgraphd.so $(BUILD)/libgraphd.so.0 # the soname graphctl and the tests load
 
 $(BUILD)/graphctl: $(BUILD)/obj/client/c/graphctl.o $(SOCLI)
-	$(call say,LINK,$@)$(CC) $(LDFLAGS_ALL) -o $@ $< -L$(BUILD) -Wl,-rpath,'$$ORIGIN' -lgraphd $(LDLIBS_ALL)
+	$(call say,LINK,$@)$(CC) $(LDFLAGS_ALL) -o $@ $< -L$(BUILD) -Wl,-rpath,'$$ORIGIN:$$ORIGIN/../lib' -lgraphd $(LDLIBS_ALL)
 
 # Unit tests see every module's internals; integration tests only the public client API.
 $(BUILD)/tests/unit/%: $(BUILD)/obj/tests/unit/%.o $(LIBGD) $(LIBGR) $(LIBPM) $(LIBCLI)
@@ -186,11 +186,11 @@ install: $(BUILD)/graphd $(SOCLI) $(BUILD)/graphctl
 	ln -sf libgraphd.so.0 $(DESTDIR)$(PREFIX)/lib/libgraphd.so
 	install -m 644 client/c/graphd.h proto/graphd_frame.h $(DESTDIR)$(PREFIX)/include/
 	install -d $(DESTDIR)/etc/graphd $(DESTDIR)/lib/systemd/system $(DESTDIR)/usr/lib/sysusers.d $(DESTDIR)/usr/lib/tmpfiles.d
-	install -m 644 deploy/systemd/graphd.conf $(DESTDIR)/etc/graphd/graphd.conf
+	[ -e $(DESTDIR)/etc/graphd/graphd.conf ] || install -m 644 deploy/systemd/graphd.conf $(DESTDIR)/etc/graphd/graphd.conf
 	sed 's|@SBINDIR@|$(PREFIX)/sbin|' deploy/systemd/graphd.service > $(DESTDIR)/lib/systemd/system/graphd.service
-	install -m 644 deploy/systemd/graphd.socket $(DESTDIR)/lib/systemd/system/graphd.socket
 	install -m 644 deploy/systemd/graphd-sysusers.conf $(DESTDIR)/usr/lib/sysusers.d/graphd.conf
 	install -m 644 deploy/systemd/graphd-tmpfiles.conf $(DESTDIR)/usr/lib/tmpfiles.d/graphd.conf
+	$(if $(DESTDIR),,ldconfig)
 
 C_FILES  = $(shell git ls-files '*.c' '*.h' '*.cpp' 2>/dev/null)
 format:
