@@ -57,7 +57,7 @@ CXXFLAGS ?= -O2 -g
 ALL_CFLAGS   = -std=c11 $(WARN) -Wstrict-prototypes -D_GNU_SOURCE -fPIC -MMD -MP \
                -DGRAPHD_VERSION='"$(VERSION)"' $(INCLUDES) $(PC_CFLAGS) $(SANFLAGS) $(CFLAGS)
 ALL_CXXFLAGS = -std=c++17 $(WARN) -fPIC -MMD -MP $(INCLUDES) $(TORCH_CFLAGS) $(SANFLAGS) $(CXXFLAGS)
-LDLIBS_ALL   = $(PC_LIBS) -lpthread -lm
+LDLIBS_ALL   = $(PC_LIBS) -lpthread -lm -ldl
 LDFLAGS_ALL  = $(SANFLAGS) -Wl,--as-needed $(LDFLAGS)
 
 GEN_C := $(BUILD)/gen/graphd.pb-c.c

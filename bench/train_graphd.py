@@ -1,13 +1,24 @@
 #!/usr/bin/env python3
 """Training step and capture time through a running graphd (issue 5, benchmarks 1 and 4), side by
-side with eager PyTorch and in-process torch.cuda.make_graphed_callables, in one run.
+side with eager PyTorch and in-process torch.cuda.make_graphed_callables, in one run; and the
+replay round trip of a trivial graph (benchmark 2).
 
-One step = forward, MSE loss, backward, SGD step, for MLPs of (batch, width, depth). graphd here is
-host-staged: the client's model, optimizer and tensors stay on the CPU in shared host regions; the
-daemon's CUDA graphs copy inputs and parameters to the GPU and outputs and grads back. (The
-device-resident mode of issue 5 is not built yet.)
+One step = forward, MSE loss, backward, SGD step, for MLPs of (batch, width, depth). Two graphd
+modes:
+- device-resident: the model and its tensors on cuda:0 as in-process; the static tensors are the
+  daemon's device memory mapped here with CUDA IPC, the optimizer updates them in place on the
+  GPU. Each replay is ordered by host synchronisation (current stream synchronised before the
+  REPLAY frame; the daemon answers once its replay is done).
+- host-staged: the client's model, optimizer and tensors stay on the CPU in shared host regions;
+  the daemon's CUDA graphs copy inputs and parameters to the GPU and outputs and grads back.
 
-Usage: GRAPHD_ADDRESS=unix:/path python3 bench/train_graphd.py [--steps 100] [--shapes 64,512,8 ...]
+Replay round trip: a graph of `x * 2` on a float32[4] cuda tensor, p50/p99 over --replays calls
+(after 1,000 warm-up calls, in blocks of 1,000 taken in turn): in-process CUDAGraph.replay() then
+stream synchronize; graphd fast path (Graph.replay, one REPLAY frame, through ctypes); graphd gRPC
+Replay. Each graphd call returns once the replay has finished on the device.
+
+Usage: GRAPHD_ADDRESS=unix:/path python3 bench/train_graphd.py [--steps 100]
+       [--shapes 64,512,8 ...] [--no-host] [--replays 10000]
 """
 import argparse
 import copy
@@ -37,7 +48,7 @@ def timed(step, steps, sync):
     return (time.perf_counter() - t0) / steps * 1e3
 
 
-def bench(batch, width, depth, steps):
+def bench(batch, width, depth, steps, host=True):
     torch.manual_seed(0)
     base = mlp(width, depth)
     out = {}
@@ -69,6 +80,22 @@ def bench(batch, width, depth, steps):
         opt2.step()
     out["graphed"] = timed(step_graphed, steps, sync)
 
+    # graphd, device-resident
+    m4 = copy.deepcopy(base).cuda()
+    opt4 = torch.optim.SGD(m4.parameters(), lr=1e-3)
+    t0 = time.perf_counter()
+    g4 = graphd.make_graphed_callables(m4, (x.clone(),))
+    out["capture_resident"] = (time.perf_counter() - t0) * 1e3
+
+    def step_resident():
+        opt4.zero_grad(set_to_none=True)
+        nn.functional.mse_loss(g4(x), y).backward()
+        opt4.step()
+    out["graphd_resident"] = timed(step_resident, steps, sync)
+    del g4, m4, opt4
+
+    if not host:
+        return out
     # graphd, host-staged
     m3 = copy.deepcopy(base)
     xc, yc = x.cpu(), y.cpu()
@@ -85,22 +112,94 @@ def bench(batch, width, depth, steps):
     return out
 
 
+class Double(nn.Module):
+    def forward(self, x):
+        return x * 2
+
+
+def quantiles(ns):
+    ns = sorted(ns)
+    def q(p):  # nearest rank
+        return ns[min(len(ns) - 1, max(0, int(-(-p * len(ns) // 1)) - 1))] / 1e3
+    return q(0.50), q(0.99)
+
+
+def replay_bench(replays):
+    """p50/p99 in µs of one replay round trip for a trivial graph, three ways."""
+    x = torch.ones(4, device="cuda")
+    # in-process CUDA graph
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            Double()(x)
+    torch.cuda.current_stream().wait_stream(stream)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        y = Double()(x)
+    cur = torch.cuda.current_stream()
+
+    def inproc():
+        g.replay()
+        cur.synchronize()
+    # graphd, device-resident; Graph.replay is the REPLAY frame through ctypes, no autograd
+    gm = graphd.make_graphed_callables(Double().cuda(), (x.clone(),))
+    graph = gm._graphd_runner.graph
+
+    def fast():
+        graph.replay(0)
+
+    def rpc():
+        graph.replay(0, rpc=True)
+    paths = [("in-process CUDAGraph.replay()+sync", inproc),
+             ("graphd fast path (REPLAY frame)", fast), ("graphd gRPC Replay", rpc)]
+    times = {name: [] for name, _ in paths}
+    clock = time.perf_counter_ns
+    for name, fn in paths:  # warm-up
+        for _ in range(1000):
+            fn()
+    block = 1000
+    for _ in range(max(1, replays // block)):
+        for name, fn in paths:
+            t = times[name]
+            for _ in range(block):
+                t0 = clock()
+                fn()
+                t.append(clock() - t0)
+    assert torch.equal(y, x * 2)
+    return [(name, len(times[name])) + quantiles(times[name]) for name, _ in paths]
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--shapes", nargs="*", default=["64,512,8", "64,1024,16", "256,4096,8"])
+    ap.add_argument("--no-host", action="store_true", help="skip the host-staged column")
+    ap.add_argument("--replays", type=int, default=10000, help="0: skip the replay round trip")
     args = ap.parse_args()
     print("torch %s, %s" % (torch.__version__, torch.cuda.get_device_name(0)))
-    print("%-14s %10s %10s %12s %8s %8s %12s %12s %8s" % (
-        "(b,w,d)", "eager ms", "graphed ms", "graphd-host", "gd/gr", "gd/eager",
-        "capture ms", "gd capture", "ratio"))
+    print("training step (ms, mean over %d steps) and capture (ms)" % args.steps)
+    print("%-14s %9s %9s %10s %7s %10s %7s %9s %9s %7s %9s %7s" % (
+        "(b,w,d)", "eager", "graphed", "gd-resid", "/gr", "gd-host", "/gr",
+        "cap-inpr", "cap-res", "ratio", "cap-host", "ratio"))
     for s in args.shapes:
         b, w, d = (int(v) for v in s.split(","))
-        r = bench(b, w, d, args.steps)
-        print("%-14s %10.3f %10.3f %12.3f %7.2fx %7.2fx %12.1f %12.1f %7.2fx" % (
-            "(%d,%d,%d)" % (b, w, d), r["eager"], r["graphed"], r["graphd_host"],
-            r["graphd_host"] / r["graphed"], r["graphd_host"] / r["eager"],
-            r["capture_inproc"], r["capture_graphd"], r["capture_graphd"] / r["capture_inproc"]))
+        r = bench(b, w, d, args.steps, host=not args.no_host)
+        host = r.get("graphd_host", float("nan"))
+        cap_host = r.get("capture_graphd", float("nan"))
+        print("%-14s %9.3f %9.3f %10.3f %6.2fx %10.3f %6.2fx %9.1f %9.1f %6.2fx %9.1f %6.2fx" % (
+            "(%d,%d,%d)" % (b, w, d), r["eager"], r["graphed"], r["graphd_resident"],
+            r["graphd_resident"] / r["graphed"], host, host / r["graphed"],
+            r["capture_inproc"], r["capture_resident"],
+            r["capture_resident"] / r["capture_inproc"], cap_host,
+            cap_host / r["capture_inproc"]), flush=True)
+    if args.replays > 0:
+        print("replay round trip, trivial graph (x * 2, float32[4] on cuda:0), µs")
+        rows = replay_bench(args.replays)
+        base = rows[0][2]
+        for name, n, p50, p99 in rows:
+            print("%-38s n=%d p50 %8.2f p99 %8.2f  p50 - in-process %+8.2f" % (
+                name, n, p50, p99, p50 - base), flush=True)
 
 
 if __name__ == "__main__":

@@ -105,6 +105,10 @@ void gd_wire_close(gd_wire_t *w);
 /* Sends one frame, its message text and optionally a descriptor. 0, or -1 when the peer is gone or
  * does not read. Safe from any thread. */
 int gd_wire_send(gd_wire_t *w, const graphd_frame_t *f, const char *msg, int pass_fd);
+/* The same with mlen bytes of payload after the frame (binary; at most GRAPHD_FRAME_MAX_MSG),
+ * e.g. the IPC handle of a device region in a MAP reply. */
+int gd_wire_send_bytes(gd_wire_t *w, const graphd_frame_t *f, const void *msg, size_t mlen,
+                       int pass_fd);
 
 /* graphs.c: modules, captures, graphs and replays. */
 int gd_graphs_start(gd_daemon_t *d);

@@ -12,6 +12,16 @@
  * region leaves the pool at once (status shows it gone), while the graph's own
  * mapping stays valid until the worker, after any replay still queued, has
  * destroyed the graph.
+ *
+ * Device-resident captures (CaptureRequest.device_resident) put the static
+ * tensors in device memory instead: the worker allocates one block per
+ * callable right after prepare (gr_device_alloc, exported with CUDA IPC), the
+ * loop registers the blocks as device regions of the pool (limits apply as
+ * for host regions), and the worker finishes over them. A device region that
+ * is freed goes to the pool manager's device-free hook, which queues a
+ * gr_device_free job on the device's worker: it runs after every replay (and
+ * the graph's destroy) already queued there, so no graph ever runs on freed
+ * memory.
  */
 #include "daemon.h"
 #include "graphd.pb-c.h"
@@ -96,10 +106,51 @@ static gd_worker_t *worker_for(gd_daemon_t *d, const char *device)
     return NULL;
 }
 
+/* ---- device memory ----------------------------------------------------- */
+
+/* Frees one device block on its device's worker, after whatever is queued there. */
+typedef struct {
+    gd_job_t job;
+    char device[GR_DEVICE_MAX];
+    void *ptr;
+} devfree_job_t;
+
+static void devfree_run(gd_job_t *job)
+{
+    devfree_job_t *j = (devfree_job_t *)job;
+    if (gr_device_free(j->device, j->ptr) != GR_OK)
+        gd_warn("freeing device memory on %s: %s", j->device, gr_last_error());
+    free(j);
+}
+
+/* The pool manager's device-free hook (loop thread): a device region was freed. */
+static void device_free_hook(void *ctx, const char *device, void *ptr, uint64_t size)
+{
+    gd_daemon_t *d = ctx;
+    gd_worker_t *w = worker_for(d, device);
+    if (w == NULL) { /* the workers have stopped: nothing can use the memory any more */
+        if (gr_device_free(device, ptr) != GR_OK)
+            gd_warn("freeing device memory on %s: %s", device, gr_last_error());
+        return;
+    }
+    devfree_job_t *j = calloc(1, sizeof *j);
+    if (j == NULL) {
+        gd_error("out of memory freeing %llu bytes on %s; they stay allocated",
+                 (unsigned long long)size, device);
+        return;
+    }
+    j->job.run = devfree_run;
+    j->job.done = NULL;
+    snprintf(j->device, sizeof j->device, "%s", device);
+    j->ptr = ptr;
+    gd_worker_submit(w, &j->job);
+}
+
 /* ---- start and stop ---------------------------------------------------- */
 
 int gd_graphs_start(gd_daemon_t *d)
 {
+    pm_manager_set_device_free(d->pools, device_free_hook, d);
     if (gr_runtime_init((int)d->cfg.intra_op_threads) != GR_OK) {
         gd_error("graph runtime: %s", gr_last_error());
         return -1;
@@ -260,19 +311,21 @@ static void graph_release(gd_daemon_t *d, gd_graph_t *g, bool free_region)
     gd_session_t *s = gd_session_find(d, g->session);
     if (s)
         s->graphs--;
-    if (free_region)
-        pm_region_free(d->pools, g->region_id, g->session);
+    uint64_t region_id = g->region_id, session = g->session;
     graph_job_t *j = calloc(1, sizeof *j);
     if (j == NULL) {
         gd_error("out of memory releasing graph %llu; it stays allocated",
                  (unsigned long long)g->id);
-        return;
+    } else {
+        j->job.run = graph_destroy_run;
+        j->job.done = graph_destroy_done;
+        j->d = d;
+        j->graph = g;
+        gd_worker_submit(g->worker, &j->job);
     }
-    j->job.run = graph_destroy_run;
-    j->job.done = graph_destroy_done;
-    j->d = d;
-    j->graph = g;
-    gd_worker_submit(g->worker, &j->job);
+    /* After the destroy job: a device region's memory is freed behind it on the worker. */
+    if (free_region)
+        pm_region_free(d->pools, region_id, session);
 }
 
 static gd_graph_t *graph_find(gd_daemon_t *d, uint64_t id)
@@ -453,6 +506,13 @@ void gd_rpc_register_module(void *ctx, gd_call_t *call, const ProtobufCMessage *
             free(op);
             return;
         }
+        if (pm_region_is_device(r)) {
+            gd_call_fail(call, GD_INVALID_ARGUMENT,
+                         "region %llu is device memory; put the module in a host region",
+                         (unsigned long long)sl->region_id);
+            free(op);
+            return;
+        }
         uint64_t rsize = pm_region_size(r);
         if (sl->size == 0 || sl->offset > rsize || sl->size > rsize - sl->offset) {
             gd_call_fail(call, GD_INVALID_ARGUMENT,
@@ -540,6 +600,11 @@ typedef struct {
     void *bases[MAX_CALLABLES];
     size_t map_lens[MAX_CALLABLES];
     gr_graph_t *graphs[MAX_CALLABLES];
+    /* device-resident (opts.resident): blocks allocated by the worker after prepare, owned here
+     * until the loop registers them as regions (then NULL here) */
+    void *dev_ptrs[MAX_CALLABLES];
+    uint64_t dev_sizes[MAX_CALLABLES];
+    uint8_t dev_handles[MAX_CALLABLES][GR_IPC_HANDLE_SIZE];
 } capture_op_t;
 
 static void capture_op_free(gd_daemon_t *d, capture_op_t *op)
@@ -556,12 +621,22 @@ static void capture_op_free(gd_daemon_t *d, capture_op_t *op)
 static void capture_unwind(gd_daemon_t *d, capture_op_t *op, bool free_regions)
 {
     for (size_t i = 0; i < op->n; i++) {
-        if (op->bases[i])
+        if (op->bases[i] && !op->opts.resident) /* device blocks go with their regions */
             munmap(op->bases[i], op->map_lens[i]);
         op->bases[i] = NULL;
         if (op->region_ids[i] && free_regions)
             pm_region_free(d->pools, op->region_ids[i], op->session);
         op->region_ids[i] = 0;
+    }
+}
+
+/* On the worker: frees the device blocks that no region owns. */
+static void capture_free_blocks(capture_op_t *op)
+{
+    for (size_t i = 0; i < op->n; i++) {
+        if (op->dev_ptrs[i] && gr_device_free(op->pool->worker->device, op->dev_ptrs[i]) != GR_OK)
+            gd_warn("freeing device memory on %s: %s", op->pool->worker->device, gr_last_error());
+        op->dev_ptrs[i] = NULL;
     }
 }
 
@@ -571,6 +646,7 @@ static void capture_abort_run(gd_job_t *job)
     if (op->cap)
         gr_capture_abort(op->cap);
     op->cap = NULL;
+    capture_free_blocks(op);
 }
 
 static void capture_abort_done(gd_job_t *job)
@@ -639,7 +715,7 @@ static void capture_finish_done(gd_job_t *job)
         g->pool = op->pool;
         g->worker = op->pool->worker;
         g->g = op->graphs[i];
-        g->base = op->bases[i];
+        g->base = op->opts.resident ? NULL : op->bases[i]; /* device memory: its region's */
         g->map_len = op->map_lens[i];
         g->region_id = op->region_ids[i];
         g->region_bytes = info.total_bytes;
@@ -701,6 +777,7 @@ static void capture_finish_done(gd_job_t *job)
         infos[i].num_inputs = gi.counts[GR_ROLE_INPUT];
         infos[i].num_outputs = gi.counts[GR_ROLE_OUTPUT];
         infos[i].num_params = gi.counts[GR_ROLE_PARAM];
+        infos[i].num_buffers = gi.counts[GR_ROLE_BUFFER];
         infos[i].has_backward = gi.has_backward != 0;
         info_list[i] = &infos[i];
     }
@@ -751,7 +828,9 @@ static void capture_prepare_done(gd_job_t *job)
         if (total == 0)
             total = GR_ALIGN; /* a callable with no static tensor still gets a region */
         pm_region_t *r = NULL;
-        int rc = pm_region_alloc(pool, s->id, total, &r);
+        int rc = op->opts.resident ? pm_region_alloc_device(pool, s->id, op->dev_sizes[i],
+                                                            op->dev_ptrs[i], op->dev_handles[i], &r)
+                                   : pm_region_alloc(pool, s->id, total, &r);
         if (rc != PM_OK) {
             char msg[512];
             pm_pool_info_t info;
@@ -770,6 +849,11 @@ static void capture_prepare_done(gd_job_t *job)
             return;
         }
         op->region_ids[i] = pm_region_id(r);
+        if (op->opts.resident) { /* the region owns the block now; no host mapping */
+            op->bases[i] = op->dev_ptrs[i];
+            op->dev_ptrs[i] = NULL;
+            continue;
+        }
         op->map_lens[i] = pm_region_mapped_size(r);
         void *base =
             mmap(NULL, op->map_lens[i], PROT_READ | PROT_WRITE, MAP_SHARED, pm_region_fd(r), 0);
@@ -799,8 +883,30 @@ static void capture_prepare_run(gd_job_t *job)
     }
     op->opts.pool = op->pool->gp;
     op->rc = gr_capture_prepare(op->pool->worker->device, op->n, op->specs, &op->opts, &op->cap);
-    if (op->rc != GR_OK)
+    if (op->rc != GR_OK) {
         snprintf(op->msg, sizeof op->msg, "%s", gr_last_error());
+        return;
+    }
+    /* Device-resident: the static blocks are device memory, allocated here on the device's
+     * thread; the loop registers them as regions. */
+    for (size_t i = 0; op->opts.resident && i < op->n; i++) {
+        uint64_t total = 0;
+        size_t count = 0;
+        op->rc = gr_capture_layout(op->cap, i, &count, NULL, &total);
+        if (op->rc == GR_OK) {
+            op->dev_sizes[i] = total ? total : GR_ALIGN;
+            op->rc = gr_device_alloc(op->pool->worker->device, op->dev_sizes[i], &op->dev_ptrs[i],
+                                     op->dev_handles[i]);
+        }
+        if (op->rc != GR_OK) {
+            snprintf(op->msg, sizeof op->msg, "device memory for callable %zu: %s", i,
+                     gr_last_error());
+            capture_free_blocks(op);
+            gr_capture_abort(op->cap);
+            op->cap = NULL;
+            return;
+        }
+    }
 }
 
 /* Checks one sample-arg spec; on failure finishes the call. */
@@ -872,6 +978,12 @@ void gd_rpc_capture(void *ctx, gd_call_t *call, const ProtobufCMessage *msg)
     }
     pm_pool_info_t pinfo;
     pm_pool_info(pool, &pinfo);
+    if (req->device_resident && strncmp(pinfo.device, "cuda:", 5) != 0) {
+        gd_call_fail(call, GD_INVALID_ARGUMENT,
+                     "device_resident needs a pool on a cuda device; pool '%s' is on %s", pool_name,
+                     pinfo.device);
+        return;
+    }
     gd_worker_t *w = worker_for(d, pinfo.device);
     if (w == NULL) {
         gd_call_fail(call, GD_FAILED_PRECONDITION, "pool '%s' is on %s, which runs no graphs",
@@ -928,6 +1040,7 @@ void gd_rpc_capture(void *ctx, gd_call_t *call, const ProtobufCMessage *msg)
     gr_capture_opts_init(&op->opts);
     op->opts.num_warmup_iters = warmup;
     op->opts.allow_unused_input = req->allow_unused_input;
+    op->opts.resident = req->device_resident ? 1 : 0;
     op->d = d;
     op->call = call;
     op->session = s->id;

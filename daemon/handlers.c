@@ -317,6 +317,15 @@ static void free_region(void *ctx, gd_call_t *call, const ProtobufCMessage *msg)
     gd_session_t *s = gd_session_of(d, call, req->session);
     if (s == NULL)
         return;
+    pm_region_t *dr = pm_region_find(d->pools, req->region_id);
+    if (dr != NULL && pm_region_owner(dr) == s->id && pm_region_is_device(dr)) {
+        /* Its graph replays over it: the memory goes with the graph (ReleaseGraph). */
+        gd_call_fail(call, GD_FAILED_PRECONDITION,
+                     "region %llu holds a graph's static tensors in device memory; release the "
+                     "graph instead",
+                     (unsigned long long)req->region_id);
+        return;
+    }
     int rc = pm_region_free(d->pools, req->region_id, s->id);
     if (rc == PM_ENOENT) {
         gd_call_fail(call, GD_NOT_FOUND, "no region %llu", (unsigned long long)req->region_id);

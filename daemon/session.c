@@ -126,7 +126,17 @@ static void on_map(gd_conn_t *c, const graphd_frame_t *f)
         rc = reply(c, f, GD_NOT_FOUND, 0, "no such region", -1);
     else if (pm_region_owner(r) != c->session->id)
         rc = reply(c, f, GD_PERMISSION_DENIED, 0, "region belongs to another session", -1);
-    else
+    else if (pm_region_is_device(r)) {
+        /* Device memory: its CUDA IPC handle as the payload, its size in arg, no descriptor. */
+        graphd_frame_t out = {.magic = GRAPHD_FRAME_MAGIC,
+                              .version = GRAPHD_FRAME_VERSION,
+                              .type = (uint16_t)(f->type | GRAPHD_FRAME_REPLY),
+                              .seq = f->seq,
+                              .id = f->id,
+                              .arg = pm_region_size(r),
+                              .status = GD_OK};
+        rc = gd_wire_send_bytes(c->wire, &out, pm_region_ipc_handle(r), PM_IPC_HANDLE_SIZE, -1);
+    } else
         rc = reply(c, f, GD_OK, pm_region_mapped_size(r), NULL, pm_region_fd(r));
     if (rc != 0)
         conn_close(c);

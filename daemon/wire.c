@@ -106,9 +106,16 @@ static int send_all(int sock, struct msghdr *mh, size_t total)
 
 int gd_wire_send(gd_wire_t *w, const graphd_frame_t *f, const char *msg, int pass_fd)
 {
+    return gd_wire_send_bytes(w, f, msg, msg ? strnlen(msg, GRAPHD_FRAME_MAX_MSG) : 0, pass_fd);
+}
+
+int gd_wire_send_bytes(gd_wire_t *w, const graphd_frame_t *f, const void *msg, size_t mlen,
+                       int pass_fd)
+{
     uint8_t head[GRAPHD_FRAME_SIZE];
     graphd_frame_t out = *f;
-    size_t mlen = msg ? strnlen(msg, GRAPHD_FRAME_MAX_MSG) : 0;
+    if (msg == NULL || mlen > GRAPHD_FRAME_MAX_MSG)
+        mlen = msg == NULL ? 0 : GRAPHD_FRAME_MAX_MSG;
     out.msg_len = (uint32_t)mlen;
     graphd_frame_encode(&out, head);
     struct iovec iov[2] = {{head, sizeof head}, {(void *)msg, mlen}};

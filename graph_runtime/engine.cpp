@@ -10,9 +10,10 @@
  * pytree does; a gradient autograd leaves undefined is upstream's None. allow_unused_input and
  * outputs that need no grad follow torch 2.x's graphs.py (the GPU machine's torch; Debian's 1.13
  * copy has neither and asserts that every output requires grad). Where graphd differs:
- * static tensors live in caller blocks (so parameters are rebound to caller memory), and a probe
- * iteration after warm-up learns output shapes and which gradients are absent, with buffers
- * restored so it leaves no trace in module state.
+ * static tensors live in caller blocks (so parameters and buffers are rebound to caller memory:
+ * the client sees the running stats each replay updates, as upstream's module does), and a
+ * probe iteration after warm-up learns output shapes and which gradients are absent, with
+ * buffers restored so it leaves no trace in module state.
  */
 #include "engine_int.h"
 
@@ -261,7 +262,8 @@ void add_static(Callable &c, int role, size_t index, const std::string &name, c1
     c.layout.push_back(d);
 }
 
-/* Block order: inputs, outputs, grad-outputs, grad-inputs, parameters, parameter grads. */
+/* Block order: inputs, outputs, grad-outputs, grad-inputs, parameters, parameter grads,
+ * buffers. */
 void build_layout(Callable &c)
 {
     c.layout.clear();
@@ -293,6 +295,9 @@ void build_layout(Callable &c)
                        c.params[i].sizes(), c.grad_absent[target] ? GR_TENSOR_ABSENT : 0);
             target++;
         }
+    for (size_t i = 0; i < c.n_static_buffers; i++)
+        add_static(c, GR_ROLE_BUFFER, i, c.buffer_names[i], c.buffers[i].scalar_type(),
+                   c.buffers[i].sizes(), 0);
     c.total_bytes = (c.total_bytes + GR_ALIGN - 1) / GR_ALIGN * GR_ALIGN;
 }
 
@@ -355,14 +360,22 @@ std::unique_ptr<Callable> prepare_callable(const gr_callable_spec_t &spec, const
     c->is_training = c->module.is_training();
 
     std::unordered_set<const void *> seen;
+    std::vector<at::Tensor> others; /* buffers no static tensor can carry: private */
     for (const auto &b : c->module.named_buffers(true)) {
         if (!seen.insert(b.value.unsafeGetTensorImpl()).second)
             continue;
         if (b.value.requires_grad())
             throw Error(GR_EINVAL,
                         std::string(UPSTREAM_BUFFER_MSG) + " (buffer '" + b.name + "' does)");
+        if (from_scalar(b.value.scalar_type()) == GR_DTYPE_INVALID || b.value.dim() > GR_MAX_DIMS) {
+            others.push_back(b.value);
+            continue;
+        }
+        c->buffer_names.push_back(b.name);
         c->buffers.push_back(b.value);
     }
+    c->n_static_buffers = c->buffers.size();
+    c->buffers.insert(c->buffers.end(), others.begin(), others.end());
     seen.clear();
     for (const auto &p : c->module.named_parameters(true)) {
         if (!seen.insert(p.value.unsafeGetTensorImpl()).second)
@@ -382,11 +395,11 @@ std::unique_ptr<Callable> prepare_callable(const gr_callable_spec_t &spec, const
 }
 
 /* Makes the static tensors views of base (or, for a host-staged family, device twins of those
- * views) and rebinds the parameters to theirs. */
+ * views) and rebinds the parameters and buffers to theirs. */
 void bind(Callable &c, const Family &family, void *base)
 {
     c10::NoGradGuard no_grad;
-    const bool staged = family.staged();
+    const bool staged = family.staged() && !c.resident;
     const c10::Device block_device = staged ? c10::Device(c10::kCPU) : c.device;
     auto bytes = static_cast<uint8_t *>(base);
     torch::from_blob(base, {static_cast<int64_t>(c.total_bytes)},
@@ -428,6 +441,10 @@ void bind(Callable &c, const Family &family, void *base)
         case GR_ROLE_PARAM_GRAD:
             grad_param.push_back(v);
             break;
+        case GR_ROLE_BUFFER: /* as a parameter: the module now updates the static tensor */
+            v.copy_(c.buffers[d.index]);
+            c.buffers[d.index].set_data(v);
+            break;
         }
     }
     c.args = inputs;
@@ -442,7 +459,7 @@ void bind(Callable &c, const Family &family, void *base)
     c.grad_views.insert(c.grad_views.end(), grad_param.begin(), grad_param.end());
     if (c.grad_views.size() != c.grad_targets.size())
         throw Error(GR_EINTERNAL, "static gradients do not match the grad targets");
-    if (staged) /* the block starts with the sample args and parameter values, zeros elsewhere */
+    if (staged) /* the block starts with the sample args, parameter and buffer values, else 0 */
         for (size_t k = 0; k < c.layout.size(); k++)
             c.host_views[k].copy_(c.dev_views[k].to(c10::kCPU)); /* block may be part-pinned */
     family.bind(c, base, c.total_bytes);
@@ -584,13 +601,19 @@ extern "C" int gr_capture_prepare(const char *device, size_t n, const gr_callabl
             cap->pool = gr::make_pool(dev);
         }
         const gr::Pool &pool = *cap->pool;
+        if (o.resident && !pool.family->staged())
+            throw Error(GR_EINVAL, "device-resident static tensors need a device with memory of "
+                                   "its own (cuda), not " +
+                                       pool.device_name);
 
         c10::AutoGradMode grad_mode(true);
-        for (size_t i = 0; i < n; i++)
+        for (size_t i = 0; i < n; i++) {
             cap->callables.push_back(
                 gr::in_context("callable " + std::to_string(i), GR_EINVAL, [&] {
                     return gr::prepare_callable(specs[i], pool, o.allow_unused_input != 0);
                 }));
+            cap->callables.back()->resident = o.resident != 0;
+        }
         pool.family->warmup(pool.index, [&] {
             for (size_t i = 0; i < n; i++)
                 gr::in_context("callable " + std::to_string(i) + " warm-up", GR_EINVAL, [&] {

@@ -97,11 +97,16 @@ struct Callable {
     c10::Device device{c10::kCPU};
     bool is_training = false;
     bool allow_unused = false;
+    bool resident = false; /* the static block is device memory (gr_capture_opts_t.resident) */
 
     std::vector<at::Tensor> args; /* sample args; after finish, the INPUT tensors */
     std::vector<std::string> param_names;
-    std::vector<at::Tensor> params;  /* the module's parameters; after finish backed by PARAM */
-    std::vector<at::Tensor> buffers; /* the module's buffers (restored after probe and capture) */
+    std::vector<at::Tensor> params; /* the module's parameters; after finish backed by PARAM */
+    /* The module's buffers, restored after probe and capture: those graphd carries (after finish
+     * backed by BUFFER), then the others (other dtypes), which stay private to the daemon. */
+    std::vector<std::string> buffer_names; /* of the first n_static_buffers */
+    std::vector<at::Tensor> buffers;
+    size_t n_static_buffers = 0;
     std::vector<OutputMeta> outputs;
     bool has_backward = false; /* some output requires grad */
 
@@ -147,7 +152,9 @@ class Family
     virtual c10::Device device(int index) const = 0;
     virtual std::unique_ptr<PoolState> make_pool(int index) const = 0;
     /* true: the caller's blocks are host memory and the method runs on device twins of the
-     * static tensors (host-staged); false: the method runs on views of the blocks. */
+     * static tensors (host-staged), unless the capture is resident (the blocks are then device
+     * memory and the method runs on views of them); false: the method runs on views of the
+     * blocks, and resident captures are refused. */
     virtual bool staged() const
     {
         return false;

@@ -1,11 +1,16 @@
 /*
- * graph_runtime CUDA family, host-staged: the caller's static blocks are host memory (the
+ * graph_runtime CUDA family. Device-resident captures (gr_capture_opts_t.resident): the caller's
+ * static blocks are device memory (gr_device_alloc, exported to the client with CUDA IPC), the
+ * static tensors are views of them, and the graphs hold only the method: nothing is copied.
+ *
+ * Host-staged captures (the default): the caller's static blocks are host memory (the
  * daemon's memfd regions); each static tensor has a device twin, and the captured graphs copy
- * between the two. FORWARD: INPUT and PARAM host-to-device, the method, OUTPUT device-to-host.
- * BACKWARD: GRAD_OUTPUT host-to-device, autograd.grad, GRAD_INPUT and PARAM_GRAD device-to-host.
- * Parameters are copied in on every FORWARD, so a client's host-side optimizer step is always
- * seen. A replay launches the graph on its pool's stream and waits for it: the caller reads the
- * block as soon as the replay returns.
+ * between the two. FORWARD: INPUT, PARAM and BUFFER host-to-device, the method, OUTPUT and BUFFER
+ * device-to-host. BACKWARD: GRAD_OUTPUT host-to-device, autograd.grad, GRAD_INPUT and PARAM_GRAD
+ * device-to-host. Parameters and buffers are copied in on every FORWARD, so a client's host-side
+ * optimizer step (or buffer write) is always seen, and buffers copied out, so the client sees the
+ * running stats the FORWARD updated. A replay launches the graph on its pool's stream and waits
+ * for it: the caller reads the block as soon as the replay returns.
  *
  * The blocks are page-locked with cudaHostRegister so the copies are real asynchronous DMA that a
  * graph can record. Registrations are page ranges counted process-wide (PinnedRanges). Where a
@@ -135,6 +140,7 @@ struct CudaPool final : PoolState {
 };
 
 struct CudaCallable final : FamilyState {
+    bool resident = false;       /* block is device memory: no staging at all */
     uint8_t *block = nullptr;    /* the caller's block */
     uint8_t *staging = nullptr;  /* what the graphs copy from and to: block, or bounce */
     void *bounce = nullptr;      /* pinned copy of the block where registration failed */
@@ -174,6 +180,8 @@ bool role_in(int role, std::initializer_list<int> roles)
  * memory and the device twins, on the current stream. */
 void stage(Callable &c, CudaCallable &st, bool to_device, std::initializer_list<int> roles)
 {
+    if (st.resident)
+        return; /* the method reads and writes the block itself */
     cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
     for (size_t k = 0; k < c.layout.size(); k++) {
         const gr_tensor_desc_t &d = c.layout[k];
@@ -262,7 +270,8 @@ class CudaFamily final : public Family
         auto st = std::make_unique<CudaCallable>();
         st->block = static_cast<uint8_t *>(base);
         st->staging = st->block;
-        if (bytes > 0) {
+        st->resident = c.resident;
+        if (bytes > 0 && !c.resident) {
             try {
                 st->held = pinned().pin(base, bytes);
             } catch (const Error &e) {
@@ -293,9 +302,9 @@ class CudaFamily final : public Family
         CudaCallable &st = state_of(c);
         st.stream = p.stream;
         st.fwd = capture_graph(p, [&] {
-            stage(c, st, true, {GR_ROLE_INPUT, GR_ROLE_PARAM});
+            stage(c, st, true, {GR_ROLE_INPUT, GR_ROLE_PARAM, GR_ROLE_BUFFER});
             run_forward(c);
-            stage(c, st, false, {GR_ROLE_OUTPUT});
+            stage(c, st, false, {GR_ROLE_OUTPUT, GR_ROLE_BUFFER});
         });
     }
     void capture_backward(Callable &c, PoolState *pool) const override
@@ -311,9 +320,9 @@ class CudaFamily final : public Family
     void replay_forward(Callable &c) const override
     {
         CudaCallable &st = state_of(c);
-        bounce(c, st, true, {GR_ROLE_INPUT, GR_ROLE_PARAM});
+        bounce(c, st, true, {GR_ROLE_INPUT, GR_ROLE_PARAM, GR_ROLE_BUFFER});
         replay(st, *st.fwd);
-        bounce(c, st, false, {GR_ROLE_OUTPUT});
+        bounce(c, st, false, {GR_ROLE_OUTPUT, GR_ROLE_BUFFER});
     }
     void replay_backward(Callable &c) const override
     {

@@ -128,4 +128,5 @@ void gr_capture_opts_init(gr_capture_opts_t *o)
     o->num_warmup_iters = 3;
     o->allow_unused_input = 0;
     o->pool = NULL;
+    o->resident = 0;
 }

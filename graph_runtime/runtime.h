@@ -93,7 +93,8 @@ int gr_dtype_is_floating(int dtype);
     X(GRAD_OUTPUT, 2, "grad_output") /* d loss / d output: the client writes it before BACKWARD */ \
     X(GRAD_INPUT, 3, "grad_input")   /* written by BACKWARD */                                     \
     X(PARAM, 4, "param")             /* the module's parameter: the client may update it */        \
-    X(PARAM_GRAD, 5, "param_grad")   /* written by BACKWARD */
+    X(PARAM_GRAD, 5, "param_grad")   /* written by BACKWARD */                                     \
+    X(BUFFER, 6, "buffer")           /* a module buffer: FORWARD updates it, the client may too */
 
 typedef enum {
 #define GR_ROLE_ENUM(name, value, str) GR_ROLE_##name = value,
@@ -201,9 +202,15 @@ typedef struct gr_capture_opts {
     int num_warmup_iters;   /* < 0: 3, upstream's default */
     int allow_unused_input; /* 0: an input that no output depends on is an error, as upstream */
     gr_pool_t *pool;        /* [optional] NULL: a pool private to this capture's graphs */
+    /* 1: the blocks given to gr_capture_finish are device memory on the capture's device
+     * (gr_device_alloc): the static tensors are views of them on the device, with no host copy
+     * and no host<->device transfer (device-resident). GR_EINVAL on a device without memory of
+     * its own (cpu). 0: the blocks are host memory (a CUDA family stages through them). */
+    int resident;
 } gr_capture_opts_t;
 
-/* Fills o with the defaults (3 warm-up iterations, unused inputs an error, a private pool). */
+/* Fills o with the defaults (3 warm-up iterations, unused inputs an error, a private pool, host
+ * blocks). */
 void gr_capture_opts_init(gr_capture_opts_t *o);
 
 /* Flags of a gr_tensor_desc_t. */
@@ -214,13 +221,16 @@ void gr_capture_opts_init(gr_capture_opts_t *o);
 
 /* One static tensor of a callable: a contiguous tensor at base + offset of its static block.
  *  - index: position in the callable's list for the role: INPUT, GRAD_INPUT: the sample arg;
- *    OUTPUT, GRAD_OUTPUT: the flattened output; PARAM, PARAM_GRAD: module.parameters().
+ *    OUTPUT, GRAD_OUTPUT: the flattened output; PARAM, PARAM_GRAD: module.parameters();
+ *    BUFFER: module.buffers() of the dtypes above (float or not; a buffer of another dtype
+ *    stays private to the graph).
  *    GRAD_OUTPUT exists only for outputs that require grad, GRAD_INPUT only for inputs that do,
  *    PARAM_GRAD only for parameters that do.
  *  - name: INPUT/GRAD_INPUT: the arg index ("0"); OUTPUT/GRAD_OUTPUT: the path in the returned
  *    structure, outputs flattened depth-first, dict values in insertion order ("" for a bare
  *    tensor, "1.loss" for element 1's key "loss"); PARAM/PARAM_GRAD: the parameter's name
- *    ("0.weight"). Owned by the capture or graph it came from. */
+ *    ("0.weight"); BUFFER: the buffer's name ("1.running_mean"). Owned by the capture or graph
+ *    it came from. */
 typedef struct gr_tensor_desc {
     int role; /* gr_role_t */
     uint32_t index;
@@ -264,12 +274,31 @@ int gr_capture_layout(const gr_capture_t *c, size_t i, size_t *count,
 int gr_capture_info(const gr_capture_t *c, size_t i, gr_graph_info_t *out);
 /* Phase 2. bases[i] is callable i's static block: total_bytes, GR_ALIGN-aligned, valid until
  * gr_graph_destroy of graphs[i]; it is zeroed, then the sample args and the current parameter
- * values are copied in, and the module's parameters are rebound to the PARAM tensors (writes to
- * them change what the next replay computes). Captures forwards in order and backwards in reverse
- * order, then fills graphs[0..n-1]. c is consumed whether or not it succeeds. */
+ * and buffer values (buffers as warm-up left them) are copied in, and the module's parameters
+ * and buffers are rebound to the PARAM and BUFFER tensors (writes to them change what the next
+ * replay computes). Captures forwards in order and backwards in reverse order, leaving the
+ * buffers as they were, then fills graphs[0..n-1]. c is consumed whether or not it succeeds. */
 int gr_capture_finish(gr_capture_t *c, void *const *bases, gr_graph_t **graphs /* [out] */);
 /* Frees a prepared capture that will not be finished. */
 int gr_capture_abort(gr_capture_t *c);
+
+/* ---- device memory ---------------------------------------------------------------------- */
+
+#define GR_IPC_HANDLE_SIZE 64 /* bytes of a CUDA IPC memory handle (cudaIpcMemHandle_t) */
+
+/* Allocates bytes (> 0) of device memory on device ("cuda:N") with plain cudaMalloc (not
+ * libtorch's caching allocator, so the block starts its own allocation and can be exported) and
+ * exports it: handle gets its cudaIpcGetMemHandle, which another process opens with
+ * cudaIpcOpenMemHandle. The block is at least 256-byte aligned, contents undefined. For
+ * gr_capture_opts_t.resident blocks. GR_EINVAL for a malformed or non-CUDA device or 0 bytes,
+ * GR_ENOTFOUND for a device index that does not exist, GR_ENOMEM when the device is full,
+ * GR_EUNSUPPORTED when the CUDA family is not built in. The caller's current CUDA device is left
+ * as it was. */
+int gr_device_alloc(const char *device, uint64_t bytes, void **ptr /* [out] */,
+                    uint8_t handle[GR_IPC_HANDLE_SIZE] /* [out] */);
+/* cudaFree of a gr_device_alloc block (which waits for the device's work in flight). Graphs
+ * captured over it must not be replayed afterwards. GR_EUNSUPPORTED without the CUDA family. */
+int gr_device_free(const char *device, void *ptr);
 
 /* ---- replay ----------------------------------------------------------------------------- */
 
@@ -277,10 +306,11 @@ int gr_capture_abort(gr_capture_t *c);
 #define GR_PHASE_BACKWARD 1
 
 /* FORWARD computes the method on the INPUT tensors into the OUTPUT tensors (module buffers update
- * as in PyTorch). BACKWARD computes, from the GRAD_OUTPUT tensors, the GRAD_INPUT and PARAM_GRAD
- * tensors of the last FORWARD. GR_EPRECOND for BACKWARD without a FORWARD since the last BACKWARD,
- * or on a graph without backward; GR_EINTERNAL with the module's message when it throws (the graph
- * stays usable: the next FORWARD starts afresh). elapsed_ns: time spent in the replay. */
+ * in the BUFFER tensors, as in PyTorch). BACKWARD computes, from the GRAD_OUTPUT tensors, the
+ * GRAD_INPUT and PARAM_GRAD tensors of the last FORWARD. GR_EPRECOND for BACKWARD without a
+ * FORWARD since the last BACKWARD, or on a graph without backward; GR_EINTERNAL with the module's
+ * message when it throws (the graph stays usable: the next FORWARD starts afresh). elapsed_ns:
+ * time spent in the replay. */
 int gr_graph_replay(gr_graph_t *g, int phase, uint64_t *elapsed_ns /* [out][optional] */);
 /* Frees the graph; its static block is the caller's again. */
 int gr_graph_destroy(gr_graph_t *g);

@@ -7,7 +7,8 @@
  * pool keeps one entry per owner holding a region in it, and that entry links
  * the owner's regions in the pool: session counts, owner usage and reclaim
  * then walk only what they need. A region owns its memfd and the daemon's
- * mapping of it.
+ * mapping of it; a device region owns its device pointer until it goes to the
+ * manager's device-free hook.
  *
  * Nothing here logs. A function that fails on a system call returns PM_ESYS
  * with errno still set by that call; its caller logs.
@@ -36,8 +37,10 @@ struct pm_region {
     uint64_t owner;
     uint64_t size;
     uint64_t mapped;
-    int fd;
-    void *addr;
+    int fd;     /* -1 for a device region */
+    void *addr; /* the daemon's mapping; for a device region, the device pointer */
+    bool device;
+    uint8_t handle[PM_IPC_HANDLE_SIZE];
     pm_pool_t *pool;
     pm_owner_ref_t *ref;
     pm_region_t *prev, *next; /* the owner's regions in this pool */
@@ -76,6 +79,8 @@ struct pm_manager {
     size_t nslots;       /* a power of two */
     unsigned shift;      /* 64 - log2(nslots) */
     size_t nregions;
+    pm_device_free_fn device_free;
+    void *device_free_ctx;
 };
 
 const char *pm_strerror(int err)
@@ -213,6 +218,12 @@ int pm_manager_destroy(pm_manager_t *m)
 void pm_manager_set_max_region(pm_manager_t *m, uint64_t max_region_bytes)
 {
     m->max_region = max_region_bytes;
+}
+
+void pm_manager_set_device_free(pm_manager_t *m, pm_device_free_fn fn, void *ctx)
+{
+    m->device_free = fn;
+    m->device_free_ctx = ctx;
 }
 
 /* ---- pools ---- */
@@ -382,7 +393,9 @@ static int region_map(pm_region_t *r)
     return PM_ESYS;
 }
 
-int pm_region_alloc(pm_pool_t *p, uint64_t owner, uint64_t size, pm_region_t **out)
+/* The common part of host and device allocation; dev_ptr NULL: a host region (memfd). */
+static int region_alloc(pm_pool_t *p, uint64_t owner, uint64_t size, void *dev_ptr,
+                        const uint8_t *handle, pm_region_t **out)
 {
     if (out != NULL)
         *out = NULL;
@@ -419,7 +432,15 @@ int pm_region_alloc(pm_pool_t *p, uint64_t owner, uint64_t size, pm_region_t **o
     r->owner = owner;
     r->size = size;
     r->mapped = mapped;
-    err = region_map(r);
+    if (dev_ptr != NULL) {
+        r->device = true;
+        r->fd = -1;
+        r->addr = dev_ptr;
+        memcpy(r->handle, handle, PM_IPC_HANDLE_SIZE);
+        err = PM_OK;
+    } else {
+        err = region_map(r);
+    }
     if (err != PM_OK) {
         /* free() leaves errno alone on glibc, but keep the failing call's errno regardless. */
         int saved = errno;
@@ -452,7 +473,23 @@ int pm_region_alloc(pm_pool_t *p, uint64_t owner, uint64_t size, pm_region_t **o
     return PM_OK;
 }
 
-/* Unmaps, closes and forgets r; slot is its index in the region hash. */
+int pm_region_alloc(pm_pool_t *p, uint64_t owner, uint64_t size, pm_region_t **out)
+{
+    return region_alloc(p, owner, size, NULL, NULL, out);
+}
+
+int pm_region_alloc_device(pm_pool_t *p, uint64_t owner, uint64_t size, void *dev_ptr,
+                           const uint8_t handle[PM_IPC_HANDLE_SIZE], pm_region_t **out)
+{
+    if (out != NULL)
+        *out = NULL;
+    if (p == NULL || dev_ptr == NULL || handle == NULL || p->m->device_free == NULL)
+        return PM_EINVAL;
+    return region_alloc(p, owner, size, dev_ptr, handle, out);
+}
+
+/* Unmaps, closes and forgets r (a device region goes to the device-free hook); slot is its index
+ * in the region hash. */
 static void region_destroy(pm_manager_t *m, pm_region_t *r, size_t slot)
 {
     pm_pool_t *p = r->pool;
@@ -471,9 +508,13 @@ static void region_destroy(pm_manager_t *m, pm_region_t *r, size_t slot)
     p->regions--;
     p->reserved -= r->mapped;
     p->used -= r->size;
-    /* Neither can fail for a mapping and memfd we created; a client's own mapping survives. */
-    munmap(r->addr, (size_t)r->mapped);
-    close(r->fd);
+    if (r->device) {
+        m->device_free(m->device_free_ctx, p->device, r->addr, r->size);
+    } else {
+        /* Neither can fail for a mapping and memfd we created; a client's own mapping survives. */
+        munmap(r->addr, (size_t)r->mapped);
+        close(r->fd);
+    }
     free(r);
 }
 
@@ -566,4 +607,14 @@ void *pm_region_addr(const pm_region_t *r)
 pm_pool_t *pm_region_pool(const pm_region_t *r)
 {
     return r->pool;
+}
+
+int pm_region_is_device(const pm_region_t *r)
+{
+    return r->device ? 1 : 0;
+}
+
+const uint8_t *pm_region_ipc_handle(const pm_region_t *r)
+{
+    return r->device ? r->handle : NULL;
 }

@@ -1,8 +1,11 @@
 /*
  * pool_manager: named memory pools on a device and the shared regions carved
  * from them. A host region is one memfd (sealed against shrinking and
- * growing), mapped here and passed to its owner session. Pure C, no gRPC and
- * no libuv: the daemon's loop thread is the only caller, so nothing locks.
+ * growing), mapped here and passed to its owner session. A device region is a
+ * block of device memory the caller allocated (and exported with CUDA IPC):
+ * the manager accounts for it like a host region and hands it back to the
+ * manager's device-free hook when it is freed. Pure C, no gRPC and no libuv:
+ * the daemon's loop thread is the only caller, so nothing locks.
  */
 #ifndef GRAPHD_POOL_H
 #define GRAPHD_POOL_H
@@ -11,6 +14,7 @@
 #include <stdint.h>
 
 #define PM_NAME_MAX 63
+#define PM_IPC_HANDLE_SIZE 64 /* bytes of a device region's IPC handle */
 
 #define PM_ERR_MAP(X)                                                                              \
     X(OK, 0, "success")                                                                            \
@@ -57,6 +61,12 @@ int pm_manager_create(uint64_t max_region_bytes, pm_manager_t **out);
 /* Frees the manager and its empty pools. PM_EBUSY, and nothing freed, while a region lives. */
 int pm_manager_destroy(pm_manager_t *m);
 void pm_manager_set_max_region(pm_manager_t *m, uint64_t max_region_bytes);
+/* Called once per device region as it is freed (pm_region_free, pm_reclaim_owner), with the
+ * pool's device and the region's pointer and size, after the region has left the accounting:
+ * the hook owns the memory from then on (the daemon frees it on the device's worker, after the
+ * replays queued there). Without a hook, pm_region_alloc_device refuses (PM_EINVAL). */
+typedef void (*pm_device_free_fn)(void *ctx, const char *device, void *dev_ptr, uint64_t size);
+void pm_manager_set_device_free(pm_manager_t *m, pm_device_free_fn fn, void *ctx);
 
 /* Name: 1..PM_NAME_MAX of [A-Za-z0-9._-]. limit 0: none. PM_EEXIST, PM_EINVAL. */
 int pm_pool_create(pm_manager_t *m, const char *name, const char *device, uint64_t limit_bytes,
@@ -75,6 +85,13 @@ int pm_pool_set_limit(pm_pool_t *p, uint64_t limit_bytes);
 /* Allocates a region of size bytes for owner (a session id, nonzero). PM_EINVAL for 0 or above
  * the manager's bound, PM_ELIMIT past the pool's limit, PM_ESYS when memfd/mmap fails. */
 int pm_region_alloc(pm_pool_t *p, uint64_t owner, uint64_t size, pm_region_t **out);
+/* Registers size bytes of device memory at dev_ptr, exported as handle, as a region of owner in
+ * p, with the same checks and accounting as pm_region_alloc (page-rounded against the limit). On
+ * success the region owns dev_ptr (the device-free hook gets it back when the region is freed);
+ * on failure the caller keeps it. PM_EINVAL as pm_region_alloc, or for a NULL dev_ptr or handle,
+ * or with no device-free hook set; PM_ELIMIT; PM_ENOMEM. */
+int pm_region_alloc_device(pm_pool_t *p, uint64_t owner, uint64_t size, void *dev_ptr,
+                           const uint8_t handle[PM_IPC_HANDLE_SIZE], pm_region_t **out);
 /* PM_ENOENT for an unknown id, PM_EPERM when owner does not own it. */
 int pm_region_free(pm_manager_t *m, uint64_t region_id, uint64_t owner);
 pm_region_t *pm_region_find(pm_manager_t *m, uint64_t region_id);
@@ -86,8 +103,11 @@ uint64_t pm_region_id(const pm_region_t *r);
 uint64_t pm_region_owner(const pm_region_t *r);
 uint64_t pm_region_size(const pm_region_t *r);        /* bytes asked for */
 uint64_t pm_region_mapped_size(const pm_region_t *r); /* page-rounded */
-int pm_region_fd(const pm_region_t *r);               /* owned by the region; dup to keep */
-void *pm_region_addr(const pm_region_t *r);           /* the daemon's own mapping */
+int pm_region_fd(const pm_region_t *r);               /* owned by the region; -1: device */
+void *pm_region_addr(const pm_region_t *r);           /* own mapping; device: the pointer */
+int pm_region_is_device(const pm_region_t *r);        /* 1 for pm_region_alloc_device's */
+/* The IPC handle of a device region (PM_IPC_HANDLE_SIZE bytes); NULL for a host region. */
+const uint8_t *pm_region_ipc_handle(const pm_region_t *r);
 pm_pool_t *pm_region_pool(const pm_region_t *r);
 
 #endif

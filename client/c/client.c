@@ -276,6 +276,8 @@ int graphd_goodbye(graphd_client_t *c)
     clear_error(c);
     if (c->session_id == 0)
         return graphd__fail(c, GRAPHD_EFAILED_PRECONDITION, "no session is open");
+    /* The daemon frees the session's device memory: close our IPC mappings of it first. */
+    graphd__regions_close_device(c);
     Graphd__V1__SessionRef ref;
     session_ref(c, &ref);
     Graphd__V1__GoodbyeRequest req = GRAPHD__V1__GOODBYE_REQUEST__INIT;

@@ -1,6 +1,7 @@
 /*
  * Data-plane I/O on the session socket: fixed-size frames (graphd_frame.h)
- * with an optional message and an optional file descriptor (SCM_RIGHTS).
+ * with an optional message (error text, or a binary payload in an OK reply)
+ * and an optional file descriptor (SCM_RIGHTS).
  * ATTACH, MAP and REPLAY all go through graphd__dp_request.
  */
 #include <errno.h>
@@ -150,6 +151,12 @@ static int recv_frame(graphd_client_t *c, graphd_frame_t *f, char *msg, int64_t 
 int graphd__dp_request(graphd_client_t *c, uint16_t type, uint64_t id, uint64_t arg,
                        uint64_t *arg_out, int *fd_out)
 {
+    return graphd__dp_request_payload(c, type, id, arg, arg_out, fd_out, NULL, NULL);
+}
+
+int graphd__dp_request_payload(graphd_client_t *c, uint16_t type, uint64_t id, uint64_t arg,
+                               uint64_t *arg_out, int *fd_out, void *payload, size_t *payload_len)
+{
     if (fd_out != NULL)
         *fd_out = -1;
     if (c->session_fd < 0)
@@ -198,6 +205,10 @@ int graphd__dp_request(graphd_client_t *c, uint16_t type, uint64_t id, uint64_t 
     }
     if (arg_out != NULL)
         *arg_out = rep.arg;
+    if (payload_len != NULL) {
+        memcpy(payload, msg, rep.msg_len < *payload_len ? rep.msg_len : *payload_len);
+        *payload_len = rep.msg_len;
+    }
     if (fd_out != NULL)
         *fd_out = fd;
     else if (fd >= 0)

@@ -160,9 +160,10 @@ int graphd_graph_release(graphd_graph_t *g)
         return GRAPHD_OK;
     graphd_client_t *c = g->client;
     c->last_error[0] = '\0';
-    int rc = release_graph_id(c, g->id);
+    /* Unmapped first: a device region's IPC mapping must be closed before the daemon frees it. */
+    uint64_t id = g->id;
     graphd__graph_forget(g);
-    return rc;
+    return release_graph_id(c, id);
 }
 
 uint64_t graphd_graph_id(const graphd_graph_t *g)
@@ -203,6 +204,7 @@ void graphd_capture_opts_init(graphd_capture_opts_t *o)
     o->num_warmup_iters = -1;
     o->allow_unused_input = 0;
     o->pool = NULL;
+    o->device_resident = 0;
 }
 
 /* The request's variable parts, in one allocation each. */
@@ -273,7 +275,7 @@ static int graph_from_info(graphd_client_t *c, const Graphd__V1__GraphInfo *info
     graphd_graph_t *g = calloc(1, sizeof(*g) + info->n_tensors * sizeof(g->tensors[0]));
     if (g == NULL)
         return graphd__fail(c, GRAPHD_ENOMEM, "out of memory");
-    int rc = graphd_region_map(c, info->region_id, &g->region);
+    int rc = graphd__region_map(c, info->region_id, info->device, &g->region);
     if (rc != GRAPHD_OK) {
         free(g);
         return rc;
@@ -298,12 +300,15 @@ static int graph_from_info(graphd_client_t *c, const Graphd__V1__GraphInfo *info
         graphd__strlcpy(t->name, d->name, sizeof(t->name));
         t->dtype = (int)d->dtype;
         t->ndim = (uint32_t)d->n_shape;
-        memcpy(t->shape, d->shape, d->n_shape * sizeof(t->shape[0]));
-        memcpy(t->strides, d->strides, d->n_strides * sizeof(t->strides[0]));
+        if (d->n_shape > 0) { /* a 0-d tensor (num_batches_tracked) comes with NULL arrays */
+            memcpy(t->shape, d->shape, d->n_shape * sizeof(t->shape[0]));
+            memcpy(t->strides, d->strides, d->n_strides * sizeof(t->strides[0]));
+        }
         t->nbytes = d->nbytes;
         t->requires_grad = d->requires_grad != 0;
         t->data = base + d->offset;
         t->absent = d->absent != 0;
+        t->on_device = graphd_region_is_device(g->region);
     }
     g->id = info->graph_id;
     g->training = info->training != 0;
@@ -348,6 +353,7 @@ int graphd_capture(graphd_client_t *c, size_t n, const graphd_callable_t *callab
     }
     req.allow_unused_input = opts->allow_unused_input != 0;
     req.pool = (char *)(opts->pool != NULL ? opts->pool : "");
+    req.device_resident = opts->device_resident != 0;
     Graphd__V1__CaptureReply *rep;
     rc = graphd__call(c, GRAPHD__METHOD("Capture"), &req.base,
                       &graphd__v1__capture_reply__descriptor, (ProtobufCMessage **)&rep);

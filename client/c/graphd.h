@@ -127,10 +127,12 @@ const char *graphd_address(const graphd_client_t *c);
  */
 int graphd_hello(graphd_client_t *c, const char *client_name /* [in][optional] NULL: "" */);
 /*
- * Ends the session: the daemon frees its regions, modules and graphs. Region
- * and graph handles stay mapped (the memory stays valid) until
- * graphd_region_release/free, graphd_graph_release or graphd_close. The
- * session socket is closed even when the RPC fails.
+ * Ends the session: the daemon frees its regions, modules and graphs. Host
+ * region and graph handles stay mapped (the memory stays valid) until
+ * graphd_region_release/free, graphd_graph_release or graphd_close. Device
+ * regions are unmapped here first (after waiting for the device), since the
+ * daemon frees device memory with the session. The session socket is closed
+ * even when the RPC fails.
  */
 int graphd_goodbye(graphd_client_t *c);
 /* The open session's id, 0 when none. */
@@ -183,8 +185,12 @@ int graphd_region_free_id(graphd_client_t *c, uint64_t region_id);
 void graphd_region_release(graphd_region_t *r /* [in][optional] consumed */);
 
 uint64_t graphd_region_id(const graphd_region_t *r);
-/* Start of the mapping: mapped_size bytes, read-write, shared with the daemon. */
+/* Start of the mapping: mapped_size bytes, read-write, shared with the daemon. For a device
+ * region (graphd_region_is_device), a CUDA device pointer opened from the daemon's IPC handle
+ * (NULL once the session has ended: the daemon frees device memory with its session). */
 void *graphd_region_ptr(const graphd_region_t *r);
+/* 1 for a region in device memory (a device-resident graph's), 0 for a host region. */
+int graphd_region_is_device(const graphd_region_t *r);
 /* Bytes asked for (for a region mapped by id: its mapped size). */
 uint64_t graphd_region_size(const graphd_region_t *r);
 /* Bytes mapped (page-rounded). */
@@ -225,6 +231,7 @@ enum graphd_role {
     GRAPHD_ROLE_GRAD_INPUT = 4,  /* written by BACKWARD */
     GRAPHD_ROLE_PARAM = 5,       /* a module parameter: the caller may update it in place */
     GRAPHD_ROLE_PARAM_GRAD = 6,  /* written by BACKWARD */
+    GRAPHD_ROLE_BUFFER = 7,      /* a module buffer (running stats): FORWARD updates it in place */
 };
 #define GRAPHD_PHASE_FORWARD 0
 #define GRAPHD_PHASE_BACKWARD 1
@@ -263,8 +270,17 @@ typedef struct graphd_capture_opts {
     int num_warmup_iters; /* < 0: the daemon's default (3) */
     int allow_unused_input;
     const char *pool; /* [optional] NULL: the default pool */
+    /* 1: the static tensors live in device memory that the daemon allocates on the pool's CUDA
+     * device and this process maps with CUDA IPC (the CUDA runtime is loaded at run time, the
+     * first time; the pool must be on a cuda device). Each graphd_tensor_t's data is then a
+     * device pointer (on_device = 1). Nothing orders the device work of this process against
+     * the daemon's replays but host synchronisation: finish the work that writes inputs or reads
+     * outputs (cudaStreamSynchronize) before graphd_replay, which returns once the replay has
+     * finished on the device. 0: host regions. */
+    int device_resident;
 } graphd_capture_opts_t;
-/* Fills o with the defaults: num_warmup_iters -1, allow_unused_input 0, pool NULL. */
+/* Fills o with the defaults: num_warmup_iters -1, allow_unused_input 0, pool NULL,
+ * device_resident 0. */
 void graphd_capture_opts_init(graphd_capture_opts_t *o /* [out] */);
 
 /* A captured callable; owns the mapping of its static region. */
@@ -287,7 +303,7 @@ int graphd_capture(graphd_client_t *c, size_t n, const graphd_callable_t *callab
 typedef struct graphd_tensor {
     int role;       /* enum graphd_role */
     uint32_t index; /* position within its role */
-    char name[128]; /* parameter name for PARAM / PARAM_GRAD; output path for OUTPUT */
+    char name[128]; /* parameter or buffer name for PARAM / PARAM_GRAD / BUFFER; output path */
     int dtype;      /* enum graphd_dtype */
     uint32_t ndim;
     int64_t shape[GRAPHD_MAX_DIMS];
@@ -296,6 +312,8 @@ typedef struct graphd_tensor {
     int requires_grad;
     void *data; /* the mapped address in this process, valid until the graph is released */
     int absent; /* GRAD_INPUT / PARAM_GRAD: no gradient (upstream's None); zero-filled */
+    /* 1: data is a CUDA device pointer (a device-resident graph's tensor), 0: host memory */
+    int on_device;
 } graphd_tensor_t;
 
 /*
@@ -322,8 +340,8 @@ int graphd_replay(graphd_graph_t *g, int phase, uint64_t *device_ns /* [out][opt
 /* The same through the gRPC Replay RPC. */
 int graphd_replay_rpc(graphd_graph_t *g, int phase, uint64_t *device_ns /* [out][optional] */);
 /*
- * ReleaseGraph (the daemon frees the graph and its region), then unmaps and
- * frees the handle, also when the RPC fails; the RPC's error is returned
+ * Unmaps and frees the handle, then ReleaseGraph (the daemon frees the graph
+ * and its region), also when the RPC fails; the RPC's error is returned
  * (GRAPHD_EFAILED_PRECONDITION once the session has ended). NULL: no-op.
  */
 int graphd_graph_release(graphd_graph_t *g /* [in][optional] consumed */);

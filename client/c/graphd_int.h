@@ -19,6 +19,7 @@
 #define GRAPHD__ERRMSG_MAX 1024
 #define GRAPHD__DEFAULT_TIMEOUT_MS 60000
 #define GRAPHD__METHOD(name) "/graphd.v1.Graphd/" name
+#define GRAPHD__IPC_HANDLE_SIZE 64 /* a MAP reply's payload for a device region */
 
 struct graphd_region {
     graphd_client_t *client;
@@ -27,6 +28,7 @@ struct graphd_region {
     void *ptr;
     uint64_t size;
     uint64_t mapped_size;
+    int device; /* -1: host (ptr is an mmap); else the CUDA device ptr is an IPC mapping on */
 };
 
 struct graphd_graph {
@@ -90,6 +92,14 @@ int graphd__call(graphd_client_t *c, const char *method, const ProtobufCMessage 
 int graphd__dp_request(graphd_client_t *c, uint16_t type, uint64_t id, uint64_t arg,
                        uint64_t *arg_out /* [out][optional] */, int *fd_out /* [out][optional] */);
 /*
+ * The same, also returning the payload of an OK reply (the bytes after the frame, e.g. a device
+ * region's IPC handle in a MAP reply): up to *payload_len bytes go to payload and *payload_len
+ * gets the reply's msg_len (0 when none).
+ */
+int graphd__dp_request_payload(graphd_client_t *c, uint16_t type, uint64_t id, uint64_t arg,
+                               uint64_t *arg_out, int *fd_out, void *payload,
+                               size_t *payload_len /* [in,out] */);
+/*
  * Applies the client's timeout to the blocking session socket fd (SO_RCVTIMEO,
  * SO_SNDTIMEO), so that a frame exchange is a plain send and receive.
  */
@@ -98,6 +108,23 @@ int graphd__dp_set_timeouts(graphd_client_t *c, int fd);
 void graphd__dp_close(graphd_client_t *c);
 /* Forgets the session (closing its socket, which ends it in the daemon too). */
 void graphd__session_end(graphd_client_t *c);
+
+/*
+ * Maps region_id (MAP frame): a host region's memfd with mmap, or a device region's IPC handle
+ * with the CUDA runtime (cuda.c) on device ("cuda:N"; NULL: the calling thread's current device).
+ */
+int graphd__region_map(graphd_client_t *c, uint64_t region_id, const char *device,
+                       graphd_region_t **out);
+/* Closes the IPC mapping of every device region of c (before the daemon frees the memory). */
+void graphd__regions_close_device(graphd_client_t *c);
+
+/* cuda.c: the CUDA runtime, loaded on first use. "cuda:N" => N, -1 for another name. */
+int graphd__cuda_index(const char *device);
+/* cudaIpcOpenMemHandle of a 64-byte handle on device (< 0: the current one); restores the
+ * caller's current device. GRAPHD_EFAILED_PRECONDITION without a CUDA runtime or on failure. */
+int graphd__cuda_open(graphd_client_t *c, int device, const uint8_t *handle, void **ptr);
+/* Waits for the device, then cudaIpcCloseMemHandle. */
+void graphd__cuda_close(int device, void *ptr);
 
 /* Unmaps and frees a graph handle without telling the daemon (graphd_close). */
 void graphd__graph_forget(graphd_graph_t *g);

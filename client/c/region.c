@@ -1,7 +1,9 @@
 /*
  * Shared regions: AllocRegion/FreeRegion over gRPC, the memfd over the
- * session socket (MAP frame), and the caller's mapping. Every handle is on
- * its client's list so that graphd_close can unmap what is left.
+ * session socket (MAP frame), and the caller's mapping. A device region's MAP
+ * reply carries a CUDA IPC handle instead of a memfd; it is opened with the
+ * CUDA runtime (cuda.c). Every handle is on its client's list so that
+ * graphd_close can unmap what is left.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -33,14 +35,54 @@ static void unlink_region(graphd_region_t *r)
         r->next->prev = r->prev;
 }
 
-/* MAP frame for region_id, then mmap of the memfd it brings. */
-static int map_region(graphd_client_t *c, uint64_t region_id, graphd_region_t **out)
+/* A device region: the IPC handle of a MAP reply opened on device. */
+static int map_device_region(graphd_client_t *c, uint64_t region_id, uint64_t size,
+                             const char *device, const uint8_t *handle, graphd_region_t **out)
+{
+    int index = -1;
+    if (device != NULL && (index = graphd__cuda_index(device)) < 0)
+        return graphd__fail(c, GRAPHD_EPROTO,
+                            "region %llu is device memory, but its graph is on %s",
+                            (unsigned long long)region_id, device);
+    if (size == 0)
+        return graphd__fail(c, GRAPHD_EPROTO, "MAP reply for device region %llu of 0 bytes",
+                            (unsigned long long)region_id);
+    graphd_region_t *r = calloc(1, sizeof(*r));
+    if (r == NULL)
+        return graphd__fail(c, GRAPHD_ENOMEM, "out of memory");
+    int rc = graphd__cuda_open(c, index, handle, &r->ptr);
+    if (rc != GRAPHD_OK) {
+        free(r);
+        return rc;
+    }
+    r->id = region_id;
+    r->size = size;
+    r->mapped_size = size;
+    r->device = index >= 0 ? index : 0;
+    link_region(c, r);
+    *out = r;
+    return GRAPHD_OK;
+}
+
+int graphd__region_map(graphd_client_t *c, uint64_t region_id, const char *device,
+                       graphd_region_t **out)
 {
     uint64_t mapped_size = 0;
     int fd = -1;
-    int rc = graphd__dp_request(c, GRAPHD_FRAME_MAP, region_id, 0, &mapped_size, &fd);
+    uint8_t handle[GRAPHD__IPC_HANDLE_SIZE];
+    size_t handle_len = sizeof(handle);
+    int rc = graphd__dp_request_payload(c, GRAPHD_FRAME_MAP, region_id, 0, &mapped_size, &fd,
+                                        handle, &handle_len);
     if (rc != GRAPHD_OK)
         return rc;
+    if (handle_len != 0) {
+        if (fd >= 0)
+            close(fd);
+        if (handle_len != GRAPHD__IPC_HANDLE_SIZE)
+            return graphd__fail(c, GRAPHD_EPROTO, "MAP reply for region %llu with %zu bytes",
+                                (unsigned long long)region_id, handle_len);
+        return map_device_region(c, region_id, mapped_size, device, handle, out);
+    }
     if (fd < 0)
         return graphd__fail(c, GRAPHD_EPROTO, "MAP reply for region %llu without a descriptor",
                             (unsigned long long)region_id);
@@ -72,6 +114,7 @@ static int map_region(graphd_client_t *c, uint64_t region_id, graphd_region_t **
     r->id = region_id;
     r->size = mapped_size;
     r->mapped_size = mapped_size;
+    r->device = -1;
     link_region(c, r);
     *out = r;
 out:
@@ -104,7 +147,7 @@ int graphd_region_alloc(graphd_client_t *c, const char *pool, uint64_t size, gra
     protobuf_c_message_free_unpacked(&rep->base, NULL);
 
     graphd_region_t *r = NULL;
-    rc = map_region(c, id, &r);
+    rc = graphd__region_map(c, id, NULL, &r);
     if (rc == GRAPHD_OK && (mapped != r->mapped_size || got_size > r->mapped_size)) {
         rc = graphd__fail(
             c, GRAPHD_EPROTO, "region %llu: AllocRegion said %llu bytes mapped, MAP said %llu",
@@ -131,7 +174,7 @@ int graphd_region_map(graphd_client_t *c, uint64_t region_id, graphd_region_t **
     if (out == NULL)
         return graphd__fail(c, GRAPHD_EINVALID_ARGUMENT, "out is NULL");
     *out = NULL;
-    return map_region(c, region_id, out);
+    return graphd__region_map(c, region_id, NULL, out);
 }
 
 int graphd_region_free_id(graphd_client_t *c, uint64_t region_id)
@@ -169,9 +212,26 @@ void graphd_region_release(graphd_region_t *r)
 {
     if (r == NULL)
         return;
-    munmap(r->ptr, (size_t)r->mapped_size);
+    if (r->device >= 0)
+        graphd__cuda_close(r->device, r->ptr); /* NULL once closed at Goodbye */
+    else
+        munmap(r->ptr, (size_t)r->mapped_size);
     unlink_region(r);
     free(r);
+}
+
+void graphd__regions_close_device(graphd_client_t *c)
+{
+    for (graphd_region_t *r = c->regions; r != NULL; r = r->next)
+        if (r->device >= 0 && r->ptr != NULL) {
+            graphd__cuda_close(r->device, r->ptr);
+            r->ptr = NULL;
+        }
+}
+
+int graphd_region_is_device(const graphd_region_t *r)
+{
+    return r->device >= 0;
 }
 
 uint64_t graphd_region_id(const graphd_region_t *r)

@@ -449,6 +449,18 @@ static void batchnorm_buffers(void **state)
     assert_false(tensor(&g, GRAPHD_ROLE_OUTPUT, 2)->requires_grad);
     assert_string_equal(tensor(&g, GRAPHD_ROLE_PARAM, 0)->name, "bn.weight");
     assert_string_equal(tensor(&g, GRAPHD_ROLE_PARAM, 2)->name, "lin.weight");
+    /* The module's buffers are static tensors too (ROLE_BUFFER): FORWARD updates them there. */
+    assert_int_equal(harness_count_role(&g, GRAPHD_ROLE_BUFFER), 3);
+    assert_string_equal(tensor(&g, GRAPHD_ROLE_BUFFER, 0)->name, "bn.running_mean");
+    assert_string_equal(tensor(&g, GRAPHD_ROLE_BUFFER, 1)->name, "bn.running_var");
+    const graphd_tensor_t *nbt_t = tensor(&g, GRAPHD_ROLE_BUFFER, 2);
+    assert_string_equal(nbt_t->name, "bn.num_batches_tracked");
+    assert_int_equal(nbt_t->dtype, GRAPHD_INT64);
+    assert_int_equal(nbt_t->ndim, 0);
+    assert_false(nbt_t->requires_grad);
+    const float *buf_rm = f32(&g, GRAPHD_ROLE_BUFFER, 0), *buf_rv = f32(&g, GRAPHD_ROLE_BUFFER, 1);
+    const int64_t *nbt = nbt_t->data;
+    assert_int_equal(*nbt, 3); /* the daemon's three warm-up iterations */
 
     const char *inputs[3] = {"bn.x1", "bn.x2", "bn.x0"};
     float *x = f32(&g, GRAPHD_ROLE_INPUT, 0);
@@ -482,7 +494,11 @@ static void batchnorm_buffers(void **state)
         for (int j = 0; j < 5; j++) {
             want_rm[j] = 0.9 * rm[j] + 0.1 * mean[j];
             want_rv[j] = 0.9 * rv[j] + 0.1 * var_u[j];
+            /* what the next replay will read is already in the BUFFER tensors */
+            assert_float_equal(buf_rm[j], want_rm[j], 1e-5);
+            assert_float_equal(buf_rv[j], want_rv[j], 1e-5);
         }
+        assert_int_equal(*nbt, 4 + k);
         replay_ok(&g, GRAPHD_PHASE_BACKWARD, FAST);
     }
     assert_int_equal(harness_graph_release(&g), GRAPHD_OK);

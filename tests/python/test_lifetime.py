@@ -67,6 +67,16 @@ def test_replay_errors(daemon):
         gc.collect()
 
 
+def test_device_resident_needs_a_cuda_pool(daemon):
+    # Checked by the daemon before any work: runs on a machine without a GPU too.
+    with graphd.Client(daemon.address) as c:
+        mid = c.register_module(_archive())
+        with pytest.raises(graphd.InvalidArgument) as e:
+            c.capture([(mid, None, [(1, (4, 3), False)])], device_resident=True)
+        assert "cuda" in e.value.message
+        assert not c.status().get("graphs")
+
+
 def test_tuple_of_callables_shares_one_pool():
     pool = graphd.graph_pool_handle("pytest-tuple")
     a, b = torch.nn.Linear(3, 4), torch.nn.Linear(4, 2)

@@ -281,6 +281,144 @@ def test_frozen_parameters_and_buffers():
             torch.testing.assert_close(p.grad, q.grad, **RT)
 
 
+def _upstream_warmup(func, args, iters=3):
+    """What upstream's make_graphed_callables warm-up does to func: forward and autograd.grad on
+    the sample args (its buffers move, its parameters' .grad stays None)."""
+    for _ in range(iters):
+        out = func(*args)
+        targets = [a for a in args if a.requires_grad] + [p for p in func.parameters()
+                                                          if p.requires_grad]
+        torch.autograd.grad(out, targets, torch.zeros_like(out))
+
+
+def _bn_net():
+    return nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 2))
+
+
+def _assert_buffers_equal(m, twin):
+    got, want = dict(m.named_buffers()), dict(twin.named_buffers())
+    assert list(got) == list(want)
+    for name in want:
+        if want[name].is_floating_point():
+            torch.testing.assert_close(got[name], want[name], rtol=1e-5, atol=1e-7,
+                                       msg=lambda s, n=name: "%s: %s" % (n, s))
+        else:
+            assert torch.equal(got[name], want[name]), (name, got[name], want[name])
+
+
+@pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning")  # BatchNorm's batch-size check
+def test_batchnorm_running_stats_match_eager():
+    """The module's buffers are the daemon's: after 20 training steps through graphd the running
+    stats and num_batches_tracked equal eager training's, warm-up iterations counted as upstream
+    counts them (its warm-up runs the module itself), and eval mode (the local forward) and
+    state_dict see them."""
+    torch.manual_seed(0)
+    m = _bn_net()
+    twin = copy.deepcopy(m)
+    sample = torch.randn(6, 4)
+    g = graphd.make_graphed_callables(m, (sample.clone(),))
+    _upstream_warmup(twin, (sample,))
+    _assert_buffers_equal(m, twin)  # the three warm-up updates
+    assert int(m[1].num_batches_tracked) == 3
+    gid = g._graphd_runner.graph.id
+
+    opt_g = torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)
+    opt_e = torch.optim.SGD(twin.parameters(), lr=0.05, momentum=0.9)
+    before = replays(gid)
+    for step in range(20):
+        x = torch.randn(6, 4) * (1 + 0.1 * step) + 0.05 * step
+        y = torch.randn(6, 2)
+        losses = []
+        for model, opt in ((g, opt_g), (twin, opt_e)):
+            opt.zero_grad()
+            loss = F.mse_loss(model(x), y)
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach())
+        torch.testing.assert_close(losses[0], losses[1], **RT)
+    assert replays(gid) == (before[0] + 20, before[1] + 20)  # the graph ran, not the fallback
+    _assert_buffers_equal(m, twin)
+    assert int(m[1].num_batches_tracked) == 23
+    sd, sd_twin = m.state_dict(), twin.state_dict()
+    for key in ("1.running_mean", "1.running_var", "1.num_batches_tracked"):
+        torch.testing.assert_close(sd[key], sd_twin[key], rtol=1e-5, atol=1e-7)
+
+    m.eval()
+    twin.eval()
+    x = torch.randn(6, 4)
+    torch.testing.assert_close(m(x), twin(x), **RT)  # running stats, in the local forward
+    m.train()
+
+
+@pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning")
+def test_buffer_writes_reach_the_graph():
+    """Buffers written in place here (load_state_dict, reset_running_stats) are what the next
+    replay reads, as upstream's graphs read the module's own buffers."""
+    torch.manual_seed(0)
+    m = _bn_net().eval()
+    twin = copy.deepcopy(m)
+    g = graphd.make_graphed_callables(m, (torch.randn(6, 4),))
+    assert not g._graphd_runner.graph.training
+    x = torch.randn(6, 4)
+    torch.testing.assert_close(g(x), twin(x), **RT)
+    stats = {"1.running_mean": torch.linspace(-1, 1, 8), "1.running_var": torch.linspace(0.5, 3, 8)}
+    state = dict(twin.state_dict(), **stats)
+    m.load_state_dict(state)
+    twin.load_state_dict(state)
+    gid = g._graphd_runner.graph.id
+    before = replays(gid)
+    out = g(x)
+    assert replays(gid)[0] == before[0] + 1  # the graph, in eval mode
+    torch.testing.assert_close(out, twin(x), **RT)
+
+    # Training mode from reset stats: the graph starts from what reset_running_stats wrote.
+    t = _bn_net()
+    t_twin = copy.deepcopy(t)
+    gt = graphd.make_graphed_callables(t, (torch.randn(6, 4),))
+    t[1].reset_running_stats()
+    t_twin[1].reset_running_stats()
+    for _ in range(2):
+        x = torch.randn(6, 4)
+        gt(x)
+        t_twin(x)
+    _assert_buffers_equal(t, t_twin)
+    assert int(t[1].num_batches_tracked) == 2
+
+
+@pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning")
+def test_buffers_shared_by_two_callables():
+    """One BatchNorm in two callables of one call: its buffers live in the first graph's static
+    tensors and are copied in and out around the second's replays, so both updates land, in
+    order, as in eager mode."""
+    torch.manual_seed(0)
+    bn = nn.BatchNorm1d(4)
+    a = nn.Sequential(nn.Linear(3, 4), bn)
+    b = nn.Sequential(bn, nn.Linear(4, 2))
+    twin_a, twin_b = copy.deepcopy((a, b))
+    assert twin_a[1] is twin_b[0]
+    xs = torch.randn(5, 3)
+    hs = torch.randn(5, 4, requires_grad=True)
+    ga, gb = graphd.make_graphed_callables((a, b), ((xs.clone(),), (hs.detach().clone()
+                                                                   .requires_grad_(),)))
+    _upstream_warmup(twin_a, (xs,))
+    _upstream_warmup(twin_b, (hs,))
+    assert int(bn.num_batches_tracked) == 6
+    _assert_buffers_equal(a, twin_a)
+    opt_g = torch.optim.SGD(list(a.parameters()) + list(b[1].parameters()), lr=0.05)
+    opt_e = torch.optim.SGD(list(twin_a.parameters()) + list(twin_b[1].parameters()), lr=0.05)
+    for _ in range(5):
+        x = torch.randn(5, 3)
+        for fa, fb, opt in ((ga, gb, opt_g), (twin_a, twin_b, opt_e)):
+            opt.zero_grad()
+            fb(fa(x)).pow(2).mean().backward()
+            opt.step()
+    _assert_buffers_equal(a, twin_a)
+    assert int(bn.num_batches_tracked) == 16
+    for p, q in zip(list(a.parameters()) + list(b.parameters()),
+                    list(twin_a.parameters()) + list(twin_b.parameters())):
+        torch.testing.assert_close(p, q, **RT)
+
+
 def test_replay_paths_agree():
     torch.manual_seed(0)
     g = graphd.make_graphed_callables(gd_models.mlp(), (torch.randn(4, 8),))

@@ -390,6 +390,10 @@ static void test_tables(void **state)
     assert_int_equal(gr_dtype_from_name("float16"), GR_DTYPE_F16);
     assert_int_equal(gr_dtype_from_name("complex64"), GR_DTYPE_INVALID);
     assert_string_equal(gr_role_name(GR_ROLE_PARAM_GRAD), "param_grad");
+    assert_string_equal(gr_role_name(GR_ROLE_BUFFER), "buffer");
+    assert_int_equal(GR_ROLE_BUFFER, 6);
+    assert_int_equal(GR_ROLE_COUNT, 7);
+    assert_null(gr_role_name(GR_ROLE_COUNT));
     assert_int_equal(gr_runtime_init(0), GR_OK);
     assert_error(gr_runtime_init(-2), GR_EINVAL, NULL);
     assert_non_null(gr_runtime_torch_version());
@@ -687,6 +691,224 @@ static void test_batchnorm_buffers(void **state)
     }
     release(&t, 1);
     gr_module_release(m);
+}
+
+/* The static tensor of role named name. */
+static const gr_tensor_desc_t *find_named(const tgraph_t *t, int role, const char *name)
+{
+    for (size_t k = 0; k < t->count; k++)
+        if (t->layout[k].role == role && strcmp(t->layout[k].name, name) == 0)
+            return &t->layout[k];
+    fail_msg("no %s '%s'", gr_role_name(role), name);
+    return NULL;
+}
+
+/* Column j of a rows x cols matrix: mean, biased and unbiased variance. */
+static void column_stats(const float *x, int rows, int cols, int j, double *mean, double *var,
+                         double *var_unbiased)
+{
+    double m = 0, v = 0;
+    for (int r = 0; r < rows; r++)
+        m += x[r * cols + j];
+    m /= rows;
+    for (int r = 0; r < rows; r++)
+        v += (x[r * cols + j] - m) * (x[r * cols + j] - m);
+    *mean = m;
+    *var = v / rows;
+    *var_unbiased = v / (rows - 1);
+}
+
+/* What one training-mode FORWARD does to BatchNorm1d's running stats (momentum 0.1). */
+static void bn_update(const float *x, int rows, int cols, const float *rm, const float *rv,
+                      double *want_rm, double *want_rv)
+{
+    for (int j = 0; j < cols; j++) {
+        double mean, var, var_u;
+        column_stats(x, rows, cols, j, &mean, &var, &var_u);
+        want_rm[j] = 0.9 * rm[j] + 0.1 * mean;
+        want_rv[j] = 0.9 * rv[j] + 0.1 * var_u;
+    }
+}
+
+/*
+ * BnNet in training mode: its buffers are BUFFER tensors (after the parameters and their grads)
+ * that hold the running stats as warm-up left them, that every FORWARD updates in place as
+ * PyTorch updates the module's own buffers (BACKWARD leaves them alone), and that the client may
+ * write: the next FORWARD starts from what it wrote.
+ */
+static void bn_buffer_tensors_on(const char *device, double tol)
+{
+    gr_module_t *m = load_model("bn.pt");
+    const int64_t s[2] = {6, 5};
+    float x0[30];
+    const double *rx0 = ref("bn.x0", 30);
+    for (int i = 0; i < 30; i++)
+        x0[i] = (float)rx0[i];
+    gr_arg_spec_t arg = f32_arg(2, s, 1);
+    arg.data = x0; /* warm-up updates the running stats with these values, as upstream */
+    gr_callable_spec_t spec = {m, NULL, 1, &arg};
+    tgraph_t t;
+    int rc = capture_on(device, 1, &spec, NULL, &t);
+    if (rc != GR_OK)
+        fail_msg("capture on %s: %s: %s", device, gr_err_name(rc), gr_last_error());
+
+    assert_int_equal(count_role(&t, GR_ROLE_BUFFER), 3);
+    gr_graph_info_t info;
+    assert_int_equal(gr_graph_info(t.g, &info), GR_OK);
+    assert_int_equal(info.counts[GR_ROLE_BUFFER], 3);
+    assert_int_equal(info.counts[GR_ROLE_PARAM], 4);
+    const char *names[3] = {"bn.running_mean", "bn.running_var", "bn.num_batches_tracked"};
+    const int dtypes[3] = {GR_DTYPE_F32, GR_DTYPE_F32, GR_DTYPE_I64};
+    for (uint32_t i = 0; i < 3; i++) {
+        const gr_tensor_desc_t *d = find(&t, GR_ROLE_BUFFER, i);
+        assert_non_null(d);
+        assert_string_equal(d->name, names[i]);
+        assert_int_equal(d->dtype, dtypes[i]);
+        assert_int_equal(d->flags, 0);
+        assert_int_equal(d->ndim, i < 2 ? 1 : 0);
+        assert_int_equal(d->nbytes, i < 2 ? 5 * 4 : 8);
+        for (size_t k = 0; k < t.count; k++) /* the buffers come last in the block */
+            if (t.layout[k].role != GR_ROLE_BUFFER)
+                assert_true(t.layout[k].offset < d->offset);
+    }
+    float *rm = f32(&t, GR_ROLE_BUFFER, 0), *rv = f32(&t, GR_ROLE_BUFFER, 1);
+    int64_t *nbt = at(&t, find(&t, GR_ROLE_BUFFER, 2)->offset);
+
+    /* After capture: as the three warm-up iterations left them (probe and capture leave no
+     * trace). bn.rm1/rv1 are what replay 1 reads before its update, i.e. the same values. */
+    assert_close(rm, ref("bn.rm1", 5), 5, tol, "rm after capture");
+    assert_close(rv, ref("bn.rv1", 5), 5, tol, "rv after capture");
+    assert_int_equal(*nbt, 3);
+
+    const char *inputs[2] = {"bn.x1", "bn.x2"};
+    for (int k = 0; k < 2; k++) {
+        put(&t, GR_ROLE_INPUT, 0, ref(inputs[k], 30));
+        double want_rm[5], want_rv[5];
+        bn_update(f32(&t, GR_ROLE_INPUT, 0), 6, 5, rm, rv, want_rm, want_rv);
+        replay_ok(t.g, GR_PHASE_FORWARD);
+        assert_close(rm, want_rm, 5, tol, "rm");
+        assert_close(rv, want_rv, 5, tol, "rv");
+        assert_int_equal(*nbt, 4 + k);
+        if (k == 0) { /* and as PyTorch itself moved them */
+            assert_close(rm, ref("bn.rm2", 5), 5, tol, "bn.rm2");
+            assert_close(rv, ref("bn.rv2", 5), 5, tol, "bn.rv2");
+        }
+        float brm[5], brv[5];
+        memcpy(brm, rm, sizeof brm);
+        memcpy(brv, rv, sizeof brv);
+        float *gout = f32(&t, GR_ROLE_GRAD_OUTPUT, 0);
+        for (size_t i = 0; i < numel(find(&t, GR_ROLE_GRAD_OUTPUT, 0)); i++)
+            gout[i] = 1.0f;
+        replay_ok(t.g, GR_PHASE_BACKWARD);
+        assert_memory_equal(brm, rm, sizeof brm); /* BACKWARD leaves the buffers alone */
+        assert_memory_equal(brv, rv, sizeof brv);
+        assert_int_equal(*nbt, 4 + k);
+    }
+
+    /* The client writes the buffers (as load_state_dict would): the next FORWARD reads and
+     * updates what it wrote. OUTPUT 1 is the running mean the FORWARD read. */
+    for (int j = 0; j < 5; j++) {
+        rm[j] = 0.0f;
+        rv[j] = 1.0f;
+    }
+    *nbt = 100;
+    put(&t, GR_ROLE_INPUT, 0, ref("bn.x1", 30));
+    double want_rm[5], want_rv[5];
+    bn_update(f32(&t, GR_ROLE_INPUT, 0), 6, 5, rm, rv, want_rm, want_rv);
+    replay_ok(t.g, GR_PHASE_FORWARD);
+    for (int j = 0; j < 5; j++)
+        assert_float_equal(f32(&t, GR_ROLE_OUTPUT, 1)[j], 0.0f, 0.0f);
+    assert_close(rm, want_rm, 5, tol, "rm after a write");
+    assert_close(rv, want_rv, 5, tol, "rv after a write");
+    assert_int_equal(*nbt, 101);
+    release(&t, 1);
+    gr_module_release(m);
+}
+
+static void test_batchnorm_buffer_tensors(void **state)
+{
+    (void)state;
+    bn_buffer_tensors_on("cpu:0", 1e-5);
+}
+
+/*
+ * EvalNet (lin1, bn, dropout, lin2) in eval mode: FORWARD reads the running stats from the
+ * BUFFER tensors and leaves them alone; stats the client writes there change the output exactly
+ * as they would change the module's.
+ */
+static void eval_buffer_writes_on(const char *device, double tol)
+{
+    gr_module_t *m = load_model("eval.pt");
+    const int64_t s[2] = {4, 6};
+    gr_arg_spec_t arg = f32_arg(2, s, 0);
+    gr_callable_spec_t spec = {m, NULL, 1, &arg};
+    tgraph_t t;
+    int rc = capture_on(device, 1, &spec, NULL, &t);
+    if (rc != GR_OK)
+        fail_msg("capture on %s: %s: %s", device, gr_err_name(rc), gr_last_error());
+    assert_int_equal(count_role(&t, GR_ROLE_BUFFER), 3);
+    const gr_tensor_desc_t *rmd = find_named(&t, GR_ROLE_BUFFER, "bn.running_mean");
+    const gr_tensor_desc_t *rvd = find_named(&t, GR_ROLE_BUFFER, "bn.running_var");
+    const gr_tensor_desc_t *nd = find_named(&t, GR_ROLE_BUFFER, "bn.num_batches_tracked");
+    assert_int_equal(nd->dtype, GR_DTYPE_I64);
+    float *rm = at(&t, rmd->offset), *rv = at(&t, rvd->offset);
+    int64_t nbt = *(int64_t *)at(&t, nd->offset);
+
+    put(&t, GR_ROLE_INPUT, 0, ref("eval.x", 24));
+    const float *out = f32(&t, GR_ROLE_OUTPUT, 0);
+    uint8_t saved[2][32];
+    memcpy(saved[0], rm, 32);
+    memcpy(saved[1], rv, 32);
+    replay_ok(t.g, GR_PHASE_FORWARD);
+    assert_close(out, ref("eval.out", 12), 12, tol, "eval.out");
+    assert_memory_equal(saved[0], rm, 32); /* eval mode: the stats are only read */
+    assert_memory_equal(saved[1], rv, 32);
+    assert_int_equal(*(int64_t *)at(&t, nd->offset), nbt);
+
+    for (int j = 0; j < 8; j++) {
+        rm[j] = 0.3f - 0.1f * (float)j;
+        rv[j] = 0.5f + 0.25f * (float)j;
+    }
+    replay_ok(t.g, GR_PHASE_FORWARD);
+    /* out = lin2(relu(bn(lin1(x)))) with the stats written above; dropout is off in eval. */
+    const float *w1 = at(&t, find_named(&t, GR_ROLE_PARAM, "lin1.weight")->offset);
+    const float *b1 = at(&t, find_named(&t, GR_ROLE_PARAM, "lin1.bias")->offset);
+    const float *gamma = at(&t, find_named(&t, GR_ROLE_PARAM, "bn.weight")->offset);
+    const float *beta = at(&t, find_named(&t, GR_ROLE_PARAM, "bn.bias")->offset);
+    const float *w2 = at(&t, find_named(&t, GR_ROLE_PARAM, "lin2.weight")->offset);
+    const float *b2 = at(&t, find_named(&t, GR_ROLE_PARAM, "lin2.bias")->offset);
+    const float *x = f32(&t, GR_ROLE_INPUT, 0);
+    double want[12];
+    for (int r = 0; r < 4; r++) {
+        double h[8];
+        for (int o = 0; o < 8; o++) {
+            double acc = b1[o];
+            for (int i = 0; i < 6; i++)
+                acc += (double)w1[o * 6 + i] * x[r * 6 + i];
+            acc = (acc - rm[o]) / sqrt((double)rv[o] + 1e-5) * gamma[o] + beta[o];
+            h[o] = acc > 0 ? acc : 0;
+        }
+        for (int o = 0; o < 3; o++) {
+            double acc = b2[o];
+            for (int i = 0; i < 8; i++)
+                acc += (double)w2[o * 8 + i] * h[i];
+            want[r * 3 + o] = acc;
+        }
+    }
+    assert_close(out, want, 12, tol, "eval out with written stats");
+    const double *old = ref("eval.out", 12);
+    int differs = 0;
+    for (int i = 0; i < 12; i++)
+        differs |= fabs(out[i] - old[i]) > 1e-3;
+    assert_true(differs);
+    release(&t, 1);
+    gr_module_release(m);
+}
+
+static void test_eval_buffer_writes(void **state)
+{
+    (void)state;
+    eval_buffer_writes_on("cpu:0", 1e-5);
 }
 
 static void test_buffer_requiring_grad_rejected(void **state)
@@ -1172,6 +1394,22 @@ static void test_cuda_replay_twice_identical(void **state)
     gr_module_release(m);
 }
 
+static void test_cuda_batchnorm_buffer_tensors(void **state)
+{
+    (void)state;
+    if (cuda_count() == 0)
+        skip();
+    bn_buffer_tensors_on("cuda:0", CUDA_REL_TOL);
+}
+
+static void test_cuda_eval_buffer_writes(void **state)
+{
+    (void)state;
+    if (cuda_count() == 0)
+        skip();
+    eval_buffer_writes_on("cuda:0", CUDA_REL_TOL);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1185,6 +1423,8 @@ int main(void)
         cmocka_unit_test(test_unused_input_allowed),
         cmocka_unit_test(test_eval_mode),
         cmocka_unit_test(test_batchnorm_buffers),
+        cmocka_unit_test(test_batchnorm_buffer_tensors),
+        cmocka_unit_test(test_eval_buffer_writes),
         cmocka_unit_test(test_buffer_requiring_grad_rejected),
         cmocka_unit_test(test_multiple_outputs),
         cmocka_unit_test(test_params_updated_in_place),
@@ -1197,6 +1437,8 @@ int main(void)
         cmocka_unit_test(test_cuda_mlp_training_parity),
         cmocka_unit_test(test_cuda_two_callables_shared_pool),
         cmocka_unit_test(test_cuda_replay_twice_identical),
+        cmocka_unit_test(test_cuda_batchnorm_buffer_tensors),
+        cmocka_unit_test(test_cuda_eval_buffer_writes),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

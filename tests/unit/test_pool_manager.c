@@ -1,7 +1,8 @@
 /*
  * Unit tests for pool_manager: pools, region lifetimes, accounting, limits, the sealed memfd
- * behind each host region, and reclaim by owner. Every test gets a fresh manager; the teardown
- * reclaims the owners tests use and checks that the manager is then empty.
+ * behind each host region, device regions and their free hook, and reclaim by owner. Every test
+ * gets a fresh manager; the teardown reclaims the owners tests use and checks that the manager is
+ * then empty.
  */
 #include <stdarg.h>
 #include <stddef.h>
@@ -621,6 +622,118 @@ static void test_alloc_syscall_failure(void **state)
     assert_int_equal(pm_region_id(r2), pm_region_id(r1) + 1);
 }
 
+/* The device-free hook of the device-region tests: counts calls and keeps the last one. */
+static struct {
+    int calls;
+    void *ctx;
+    char device[64];
+    void *ptr;
+    uint64_t size;
+} freed_dev;
+
+static void count_device_free(void *ctx, const char *device, void *dev_ptr, uint64_t size)
+{
+    freed_dev.calls++;
+    freed_dev.ctx = ctx;
+    snprintf(freed_dev.device, sizeof freed_dev.device, "%s", device);
+    freed_dev.ptr = dev_ptr;
+    freed_dev.size = size;
+}
+
+static void test_device_regions(void **state)
+{
+    fixture_t *f = *state;
+    uint64_t pg = f->page;
+    memset(&freed_dev, 0, sizeof freed_dev);
+    pm_pool_t *p = NULL;
+    assert_pm(pm_pool_create(f->m, "gpu", "cuda:0", 4 * pg, &p), PM_OK);
+    uint8_t handle[PM_IPC_HANDLE_SIZE];
+    for (int i = 0; i < PM_IPC_HANDLE_SIZE; i++)
+        handle[i] = (uint8_t)(i * 7 + 1);
+    void *fake = (void *)(uintptr_t)0x7f0000200000u; /* never dereferenced */
+    void *fake2 = (void *)(uintptr_t)0x7f0000400000u;
+    pm_region_t *r = (pm_region_t *)&r;
+
+    /* No hook: nobody could free the memory, so no device region. */
+    assert_pm(pm_region_alloc_device(p, 1, pg, fake, handle, &r), PM_EINVAL);
+    assert_null(r);
+    int ctx_tag = 0;
+    pm_manager_set_device_free(f->m, count_device_free, &ctx_tag);
+    assert_pm(pm_region_alloc_device(p, 1, pg, NULL, handle, &r), PM_EINVAL);
+    assert_pm(pm_region_alloc_device(p, 1, pg, fake, NULL, &r), PM_EINVAL);
+    assert_pm(pm_region_alloc_device(p, 0, pg, fake, handle, &r), PM_EINVAL);
+    assert_pm(pm_region_alloc_device(p, 1, 0, fake, handle, &r), PM_EINVAL);
+
+    int fds = count_open_fds();
+    pm_region_t *d1 = NULL;
+    assert_pm(pm_region_alloc_device(p, 1, pg + 1, fake, handle, &d1), PM_OK);
+    assert_non_null(d1);
+    assert_int_equal(count_open_fds(), fds); /* no memfd behind it */
+    assert_int_equal(pm_region_is_device(d1), 1);
+    assert_int_equal(pm_region_fd(d1), -1);
+    assert_ptr_equal(pm_region_addr(d1), fake);
+    assert_non_null(pm_region_ipc_handle(d1));
+    assert_memory_equal(pm_region_ipc_handle(d1), handle, PM_IPC_HANDLE_SIZE);
+    assert_int_equal(pm_region_size(d1), pg + 1);
+    assert_int_equal(pm_region_mapped_size(d1), 2 * pg);
+    assert_ptr_equal(pm_region_find(f->m, pm_region_id(d1)), d1);
+
+    /* Host and device regions share the pool's accounting and limit. */
+    pm_region_t *h = alloc_ok(p, 2, 1);
+    assert_int_equal(pm_region_is_device(h), 0);
+    assert_null(pm_region_ipc_handle(h));
+    pm_pool_info_t info = info_of(p);
+    assert_int_equal(info.reserved_bytes, 3 * pg);
+    assert_int_equal(info.used_bytes, pg + 2);
+    assert_int_equal(info.regions, 2);
+    assert_int_equal(info.sessions, 2);
+    pm_usage_t u;
+    pm_owner_usage(f->m, 1, &u);
+    assert_int_equal(u.regions, 1);
+    assert_int_equal(u.bytes, 2 * pg);
+
+    /* Over the limit: refused, the caller keeps its pointer, the hook is not called. */
+    assert_pm(pm_region_alloc_device(p, 1, pg + 1, fake2, handle, &r), PM_ELIMIT);
+    assert_null(r);
+    assert_int_equal(freed_dev.calls, 0);
+    assert_int_equal(info_of(p).regions, 2);
+    pm_region_t *d2 = NULL;
+    assert_pm(pm_region_alloc_device(p, 1, pg, fake2, handle, &d2), PM_OK);
+    assert_int_equal(info_of(p).reserved_bytes, 4 * pg);
+
+    /* Freeing hands the memory to the hook once, with the pool's device, after accounting. */
+    uint64_t d1_id = pm_region_id(d1);
+    assert_pm(pm_region_free(f->m, d1_id, 2), PM_EPERM);
+    assert_int_equal(freed_dev.calls, 0);
+    assert_pm(pm_region_free(f->m, d1_id, 1), PM_OK);
+    assert_int_equal(freed_dev.calls, 1);
+    assert_ptr_equal(freed_dev.ctx, &ctx_tag);
+    assert_string_equal(freed_dev.device, "cuda:0");
+    assert_ptr_equal(freed_dev.ptr, fake);
+    assert_int_equal(freed_dev.size, pg + 1);
+    assert_null(pm_region_find(f->m, d1_id));
+    info = info_of(p);
+    assert_int_equal(info.reserved_bytes, 2 * pg);
+    assert_int_equal(info.used_bytes, pg + 1);
+
+    /* Reclaim by owner frees device regions through the hook too; host regions as before. */
+    pm_usage_t got;
+    pm_reclaim_owner(f->m, 1, &got);
+    assert_int_equal(got.regions, 1);
+    assert_int_equal(got.bytes, pg);
+    assert_int_equal(freed_dev.calls, 2);
+    assert_ptr_equal(freed_dev.ptr, fake2);
+    assert_int_equal(freed_dev.size, pg);
+    pm_reclaim_owner(f->m, 2, NULL);
+    assert_int_equal(freed_dev.calls, 2);
+    info = info_of(p);
+    assert_int_equal(info.reserved_bytes, 0);
+    assert_int_equal(info.regions, 0);
+    assert_int_equal(info.sessions, 0);
+    assert_int_equal(count_open_fds(), fds);
+    assert_pm(pm_pool_delete(f->m, "gpu"), PM_OK);
+}
+
 int main(void)
 {
 #define T(f) cmocka_unit_test_setup_teardown(f, setup, teardown)
@@ -642,6 +755,7 @@ int main(void)
         T(test_manager_destroy_busy),
         T(test_many_regions),
         T(test_alloc_syscall_failure),
+        T(test_device_regions),
     };
 #undef T
     return cmocka_run_group_tests_name("pool_manager", tests, NULL, NULL);

@@ -28,9 +28,10 @@ def make_graphed_callables(callables, sample_args, num_warmup_iters=3, allow_unu
                            pool=None, device=None):
     """Accepts callables (functions or nn.Modules) and returns graphed versions whose forward and
     backward replay graphs captured in graphd: the signature and semantics of
-    torch.cuda.make_graphed_callables, plus device= (None or "cpu": graphd's CPU device). pool:
-    graphd.graph_pool_handle(...), a pool name, or None (the daemon's default pool). Details in
-    graphd.graphs.make_graphed_callables."""
+    torch.cuda.make_graphed_callables, plus device= (None or "cpu": graphd's CPU device; CUDA
+    callables are captured device-resident on their own device, CPU ones with device="cuda:N"
+    host-staged). pool: graphd.graph_pool_handle(...), a pool name, or None (the daemon's default
+    pool). Details in graphd.graphs.make_graphed_callables."""
     from .graphs import make_graphed_callables as impl  # torch is imported only from here on
     return impl(callables, sample_args, num_warmup_iters=num_warmup_iters,
                 allow_unused_input=allow_unused_input, pool=pool, device=device)

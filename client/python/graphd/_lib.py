@@ -22,9 +22,10 @@ DTYPE_INT64, DTYPE_INT32, DTYPE_INT16, DTYPE_INT8, DTYPE_UINT8, DTYPE_BOOL = 5, 
 
 # enum graphd_role (equal to graphd.v1.TensorRole).
 ROLE_INPUT, ROLE_OUTPUT, ROLE_GRAD_OUTPUT = 1, 2, 3
-ROLE_GRAD_INPUT, ROLE_PARAM, ROLE_PARAM_GRAD = 4, 5, 6
+ROLE_GRAD_INPUT, ROLE_PARAM, ROLE_PARAM_GRAD, ROLE_BUFFER = 4, 5, 6, 7
 ROLE_NAMES = {ROLE_INPUT: "input", ROLE_OUTPUT: "output", ROLE_GRAD_OUTPUT: "grad_output",
-              ROLE_GRAD_INPUT: "grad_input", ROLE_PARAM: "param", ROLE_PARAM_GRAD: "param_grad"}
+              ROLE_GRAD_INPUT: "grad_input", ROLE_PARAM: "param", ROLE_PARAM_GRAD: "param_grad",
+              ROLE_BUFFER: "buffer"}
 
 
 class Device(ctypes.Structure):
@@ -53,7 +54,7 @@ class Callable(ctypes.Structure):
 
 class CaptureOpts(ctypes.Structure):
     _fields_ = [("num_warmup_iters", ctypes.c_int), ("allow_unused_input", ctypes.c_int),
-                ("pool", ctypes.c_char_p)]
+                ("pool", ctypes.c_char_p), ("device_resident", ctypes.c_int)]
 
 
 class Tensor(ctypes.Structure):
@@ -62,7 +63,7 @@ class Tensor(ctypes.Structure):
                 ("shape", ctypes.c_int64 * GRAPHD_MAX_DIMS),
                 ("strides", ctypes.c_int64 * GRAPHD_MAX_DIMS), ("nbytes", ctypes.c_uint64),
                 ("requires_grad", ctypes.c_int), ("data", ctypes.c_void_p),
-                ("absent", ctypes.c_int)]
+                ("absent", ctypes.c_int), ("on_device", ctypes.c_int)]
 
 
 _c = ctypes

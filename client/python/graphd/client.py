@@ -55,6 +55,7 @@ class Graph:
         self._client = client
         self._handle = handle
         self.pool = pool
+        self.device = None  # "cuda:N" for a device-resident graph (set by make_graphed_callables)
         self.id = int(_lib.capture_fn("graphd_graph_id")(handle))
         self.training = bool(_lib.capture_fn("graphd_graph_training")(handle))
         self.has_backward = bool(_lib.capture_fn("graphd_graph_has_backward")(handle))
@@ -299,10 +300,13 @@ class Client:
             if rc != 0:
                 raise self._fail(rc, "ReleaseModule failed")
 
-    def capture(self, callables, num_warmup_iters=3, allow_unused_input=False, pool=None):
+    def capture(self, callables, num_warmup_iters=3, allow_unused_input=False, pool=None,
+                device_resident=False):
         """Captures callables, a list of (module_id, method or None, [(dtype code, shape,
         requires_grad), ...]), in one Capture call sharing one pool (a PoolHandle, a pool name,
-        or None: the daemon's default pool). Returns one Graph per callable."""
+        or None: the daemon's default pool). Returns one Graph per callable. device_resident:
+        the static tensors in device memory of the pool's CUDA device, mapped here with CUDA IPC
+        (each Graph.tensors entry then has on_device = 1 and data a device pointer)."""
         n = len(callables)
         cs = (_lib.Callable * n)()
         keep = []
@@ -327,6 +331,7 @@ class Client:
         _lib.capture_fn("graphd_capture_opts_init")(ctypes.byref(opts))
         opts.num_warmup_iters = int(num_warmup_iters)
         opts.allow_unused_input = 1 if allow_unused_input else 0
+        opts.device_resident = 1 if device_resident else 0
         pool_name = pool.name if isinstance(pool, PoolHandle) else pool
         opts.pool = pool_name.encode() if pool_name else None
         handles = (ctypes.c_void_p * n)()

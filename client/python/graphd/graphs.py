@@ -9,17 +9,29 @@ forward runs locally).
 
 Where graphd differs, and why:
 - The callable is traced here (torch.jit.trace, a ScriptModule taken as is) and the archive is
-  sent to the daemon, which does the warm-up and the capture on its own copy.
+  sent to the daemon, which does the warm-up and the capture on its own copy. The daemon warms
+  up on sample values of its own, so for a module with buffers the warm-up forwards also run
+  here, on the sample args (RNG forked): the module's buffers (BatchNorm running stats,
+  num_batches_tracked) end up where upstream's warm-up leaves them, warm-up iterations counted.
 - Every static tensor lives in a shared region mapped into this process. The module's
   parameters are rebound to the PARAM tensors (param.data = shared view), so an optimizer
-  updates the daemon's copy in place; the sample args that are plain leaf tensors are rebound to
-  the INPUT tensors, so that, as upstream, filling a sample tensor in place and passing it costs
-  no copy.
+  updates the daemon's copy in place; its buffers are rebound to the BUFFER tensors, so the
+  running stats every FORWARD updates are the module's own, as upstream's graphs update the
+  module's buffers in place (the eval-mode fallback and state_dict see them); the sample args
+  that are plain leaf tensors are rebound to the INPUT tensors, so that, as upstream, filling a
+  sample tensor in place and passing it costs no copy.
 - backward returns clones of the static gradients: a tensor aliasing the static region could
   become param.grad (AccumulateGrad steals a gradient nobody else references) and the next
   BACKWARD would then overwrite the user's accumulated gradient.
 - Outputs that do not require grad are marked non-differentiable, so they come back with
   requires_grad=False as they would from the eager callable.
+- Device-resident: when the callables' parameters and sample args are on a CUDA device, the
+  static tensors are device memory the daemon allocates on that device and exports with CUDA IPC;
+  the views here are CUDA tensors over the same memory (zero copy), so the optimizer updates the
+  daemon's parameters in place on the GPU. Ordering is by host synchronisation for now: the
+  current stream is synchronised before each REPLAY frame (so the inputs, grad-outputs and
+  parameter updates written on it are in memory), and the daemon answers once its replay has
+  finished on the device. A CPU module with device="cuda:N" stays host-staged.
 """
 import ctypes
 import io
@@ -28,7 +40,7 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from . import _lib
-from .client import PoolHandle, default_client, graph_pool_handle
+from .client import PoolHandle, default_client, graph_pool_handle, normalize_device
 from .errors import make_error
 
 _DTYPES = {
@@ -140,8 +152,36 @@ def _spec(t, i, j):
     return dtype, tuple(t.shape), bool(t.requires_grad)
 
 
+# __cuda_array_interface__ type strings; bfloat16 has none, so it goes as int16 and is viewed back.
+_CAI_TYPES = {
+    torch.float32: "<f4", torch.float64: "<f8", torch.float16: "<f2", torch.bfloat16: "<i2",
+    torch.int64: "<i8", torch.int32: "<i4", torch.int16: "<i2", torch.int8: "|i1",
+    torch.uint8: "|u1", torch.bool: "|b1",
+}
+
+
+class _CudaMemory:
+    """A static tensor's device memory (a CUDA IPC mapping owned by a Graph) as a
+    __cuda_array_interface__ (version 3) object, for torch.as_tensor: no copy. The tensor made
+    from it keeps it, and so the Graph, alive."""
+
+    def __init__(self, ptr, shape, strides_bytes, typestr, owner):
+        self.__cuda_array_interface__ = {"version": 3, "shape": shape, "typestr": typestr,
+                                         "strides": strides_bytes, "data": (ptr, False)}
+        self.graphd_graph = owner
+
+
+def _have_numpy():
+    try:
+        import numpy  # noqa: F401
+        return True
+    except ImportError:
+        return False
+
+
 def _view(desc, owner):
-    """A torch tensor over a static tensor's mapped memory, no copy. It keeps owner (the Graph,
+    """A torch tensor over a static tensor's mapped memory, no copy: a CPU tensor over a host
+    region, a CUDA tensor over a device-resident graph's device memory. It keeps owner (the Graph,
     which owns the mapping) alive."""
     dtype = _TORCH_DTYPES.get(desc.dtype)
     if dtype is None:
@@ -149,13 +189,25 @@ def _view(desc, owner):
                          (_lib.text(desc.name), desc.dtype))
     shape = tuple(desc.shape[k] for k in range(desc.ndim))
     strides = tuple(desc.strides[k] for k in range(desc.ndim))
+    device = (getattr(owner, "device", None) or "cuda") if getattr(desc, "on_device", 0) else None
     if any(s == 0 for s in shape):
-        return torch.empty(shape, dtype=dtype)  # nothing to share
+        return torch.empty(shape, dtype=dtype, device=device)  # nothing to share
     itemsize = torch.empty((), dtype=dtype).element_size()
     extent = 1 + sum((s - 1) * st for s, st in zip(shape, strides))
     if extent * itemsize > desc.nbytes or not desc.data:
         raise make_error("INTERNAL", "static tensor %r: %d bytes cannot hold shape %s" %
                          (_lib.text(desc.name), desc.nbytes, shape))
+    if device is not None:
+        if not _have_numpy():  # torch reads __cuda_array_interface__ with numpy
+            storage = torch._C._construct_storage_from_data_pointer(
+                desc.data, torch.device(device), extent * itemsize)
+            t = torch.empty(0, dtype=dtype, device=device).set_(storage, 0, shape, strides)
+            t.graphd_graph = owner  # weaker than the CAI path: views of t do not hold it
+            return t
+        mem = _CudaMemory(desc.data, shape, tuple(st * itemsize for st in strides),
+                          _CAI_TYPES[dtype], owner)
+        t = torch.as_tensor(mem, device=device)
+        return t.view(dtype) if t.dtype != dtype else t
     mem = (ctypes.c_byte * (extent * itemsize)).from_address(desc.data)
     mem.graphd_graph = owner
     return torch.frombuffer(mem, dtype=dtype).as_strided(shape, strides)
@@ -196,6 +248,8 @@ class _Static:
         self.params = ordered(_lib.ROLE_PARAM)
         self.param_names = [names[(_lib.ROLE_PARAM, k)] for k in range(len(self.params))]
         self.param_grads = by_role[_lib.ROLE_PARAM_GRAD]    # param index => view
+        self.buffers = ordered(_lib.ROLE_BUFFER)
+        self.buffer_names = [names[(_lib.ROLE_BUFFER, k)] for k in range(len(self.buffers))]
 
 
 def _same_tensor(a, b):
@@ -207,13 +261,26 @@ class _Runner:
     """What one graphed callable's autograd Function needs: the graph, its static tensors, the
     user's parameters (in PARAM order) and the output structure."""
 
-    def __init__(self, graph, static, n_args, module_params, out_spec):
+    def __init__(self, graph, static, n_args, module_params, out_spec, module_buffers=()):
         self.graph = graph
         self.static = static
         self.n_args = n_args
         self.module_params = tuple(module_params)
+        # Buffers that live in another graph's static tensor (a module shared by two callables
+        # of one call): copied in before each FORWARD and back after it.
+        self.mirrored_buffers = [(view, b) for view, b in zip(static.buffers, module_buffers)
+                                 if not _same_tensor(view, b)]
         self.out_spec = out_spec
         self.no_grad_outputs = [k for k, rg in enumerate(static.output_requires_grad) if not rg]
+        # Device-resident: the CUDA device whose current stream is synchronised before replays.
+        on_device = any(getattr(d, "on_device", 0) for d in graph.tensors)
+        self.sync_device = torch.device(graph.device) if on_device else None
+
+    def sync(self):
+        """Device-resident graphs: waits for the work queued on the current stream (the
+        writes into static tensors) before a replay reads or overwrites them."""
+        if self.sync_device is not None:
+            torch.cuda.current_stream(self.sync_device).synchronize()
 
     def __call__(self, *user_args, **user_kwargs):
         if user_kwargs:
@@ -247,7 +314,12 @@ class _Graphed(torch.autograd.Function):
         for static, p in zip(s.params, inputs[runner.n_args:]):
             if static.data_ptr() != p.data_ptr():
                 static.copy_(p)
+        for static, b in runner.mirrored_buffers:
+            static.copy_(b)
+        runner.sync()
         runner.graph.replay(_lib.PHASE_FORWARD)
+        for static, b in runner.mirrored_buffers:
+            b.copy_(static)
         outs = tuple(o.detach() for o in s.outputs)
         if runner.no_grad_outputs:
             ctx.mark_non_differentiable(*(outs[k] for k in runner.no_grad_outputs))
@@ -264,6 +336,7 @@ class _Graphed(torch.autograd.Function):
                 static.zero_()
             elif not _same_tensor(static, grad):
                 static.copy_(grad)
+        runner.sync()
         runner.graph.replay(_lib.PHASE_BACKWARD)
         need = ctx.needs_input_grad
         result = [None]  # the runner
@@ -295,6 +368,29 @@ def _resolve_pool(client, pool, device):
     if dev is not None and dev != "cpu:0":
         return graph_pool_handle(device=dev, client=client)
     return None  # the daemon's default pool
+
+
+def _cuda_device(callables, flatten_sample_args, device):
+    """The CUDA device ("cuda:N") that the callables' parameters, buffers and sample args are
+    on, for a device-resident capture; None when they are all on the CPU (graphd's CPU device,
+    or host-staged with device="cuda:N")."""
+    devs = set()
+    for func, flat in zip(callables, flatten_sample_args):
+        tensors = list(flat)
+        if isinstance(func, torch.nn.Module):
+            tensors += list(func.parameters()) + list(func.buffers())
+        devs.update(t.device for t in tensors)
+    if not any(d.type == "cuda" for d in devs):
+        return None
+    if len(devs) > 1:
+        raise ValueError("graphd: the callables' parameters and sample args are on %s; put them "
+                         "all on one device" % ", ".join(sorted(str(d) for d in devs)))
+    d = devs.pop()
+    name = "cuda:%d" % (d.index if d.index is not None else torch.cuda.current_device())
+    if device is not None and normalize_device(device) != name:
+        raise ValueError("graphd: the callables' tensors are on %s, but device=%r" %
+                         (name, device))
+    return name
 
 
 def _bind_params(func, prefix, static, graph_id, bound):
@@ -329,6 +425,52 @@ def _bind_params(func, prefix, static, graph_id, bound):
     return params
 
 
+def _warm_up_buffers(func, args, num_warmup_iters):
+    """What upstream's warm-up does to a module's buffers: num_warmup_iters forwards on the
+    sample args (BatchNorm's running stats and num_batches_tracked move as upstream's do). Only
+    for modules with buffers; upstream's backward passes leave buffers alone and are skipped. The
+    CPU RNG is forked, so the user's random stream is untouched, as upstream's device-side
+    warm-up leaves it."""
+    if (not isinstance(func, torch.nn.Module) or num_warmup_iters <= 0
+            or next(func.buffers(), None) is None):
+        return
+    with torch.random.fork_rng(devices=[]):
+        for _ in range(num_warmup_iters):
+            func(*args)
+
+
+def _bind_buffers(func, prefix, static, graph_id, bound):
+    """The user's buffers in BUFFER order, as _bind_params does for parameters: each rebound to
+    its static view (values copied in first), so the running stats every FORWARD updates are the
+    module's own (eval-mode fallback, state_dict) and a write to a buffer (load_state_dict) is
+    what the next replay reads. A buffer of a dtype graphd does not carry has no BUFFER tensor
+    and stays local."""
+    if not isinstance(func, torch.nn.Module):
+        return []
+    try:  # every name of a buffer registered under several (the trace keeps them all)
+        named = dict((prefix + n, b) for n, b in func.named_buffers(remove_duplicate=False))
+    except TypeError:  # torch < 2.0
+        named = dict((prefix + n, b) for n, b in func.named_buffers())
+    buffers = []
+    for name in static.buffer_names:
+        b = named.get(name)
+        if b is None:
+            raise make_error("INTERNAL", "graph %d: buffer %r is not one of the module's (%s)"
+                             % (graph_id, name, ", ".join(sorted(named))))
+        buffers.append(b)
+    with torch.no_grad():
+        for name, b, view in zip(static.buffer_names, buffers, static.buffers):
+            if id(b) in bound:
+                continue
+            if b.dtype != view.dtype or b.shape != view.shape:
+                raise make_error("INTERNAL", "buffer %r is %s%s, its static tensor %s%s" %
+                                 (name, b.dtype, tuple(b.shape), view.dtype, tuple(view.shape)))
+            view.copy_(b)
+            b.data = view
+            bound.add(id(b))
+    return buffers
+
+
 def _bind_sample_args(flat_args, static, bound):
     """As upstream, where the sample args are the static inputs: a sample arg that is a plain
     leaf tensor (not a view, not a Parameter) now lives in the static input, so a loop that fills
@@ -349,7 +491,10 @@ def make_graphed_callables(callables, sample_args, num_warmup_iters=3, allow_unu
     r"""Accepts callables (functions or nn.Modules) and returns graphed versions whose forward
     and backward replay graphs captured in graphd: the same signature and semantics as
     torch.cuda.make_graphed_callables (see its documentation), plus ``device`` (None or "cpu":
-    graphd's CPU device; otherwise a device the daemon serves).
+    graphd's CPU device; otherwise a device the daemon serves). Callables whose parameters and
+    sample args are on a CUDA device are captured device-resident on that device (device None or
+    that device): their static tensors are CUDA tensors in the daemon's device memory. CPU
+    callables with device="cuda:N" are host-staged.
 
     callables: an nn.Module or function, or a tuple of them (captured in one pool, in the order
     they run). sample_args: a tuple of (pytrees of) tensors, or for a tuple of callables a tuple
@@ -386,7 +531,8 @@ def make_graphed_callables(callables, sample_args, num_warmup_iters=3, allow_unu
     arg_specs = [[_spec(t, i, j) for j, t in enumerate(flat)]
                  for i, flat in enumerate(flatten_sample_args)]
     client = default_client()
-    pool = _resolve_pool(client, pool, device)
+    cuda_dev = _cuda_device(callables, flatten_sample_args, device)
+    pool = _resolve_pool(client, pool, cuda_dev or device)
 
     # Trace and register every callable, then capture them in one call: one pool, forwards in
     # order and backwards in reverse order, as upstream.
@@ -399,7 +545,10 @@ def make_graphed_callables(callables, sample_args, num_warmup_iters=3, allow_unu
             traced.append((out_spec, prefix))
         graphs = client.capture([(mid, None, a) for mid, a in zip(module_ids, arg_specs)],
                                 num_warmup_iters=num_warmup_iters,
-                                allow_unused_input=allow_unused_input, pool=pool)
+                                allow_unused_input=allow_unused_input, pool=pool,
+                                device_resident=cuda_dev is not None)
+        for graph in graphs:
+            graph.device = cuda_dev  # where a device-resident graph's static tensors are
     finally:
         for mid in module_ids:  # the graphs own a copy: the modules are not needed any more
             try:
@@ -407,14 +556,20 @@ def make_graphed_callables(callables, sample_args, num_warmup_iters=3, allow_unu
             except Exception:
                 pass
 
+    # Upstream's warm-up updates the module's buffers; the daemon's updated its own copy (with
+    # sample values of its own), so do here what upstream's warm-up does to them.
+    for func, args in zip(callables, sample_args):
+        _warm_up_buffers(func, tuple(args), num_warmup_iters)
+
     ret = []
     bound = set()
     for func, flat, graph, (out_spec, prefix) in zip(callables, flatten_sample_args, graphs,
                                                      traced):
         static = _Static(graph, len(flat))
         params = _bind_params(func, prefix, static, graph.id, bound)
+        buffers = _bind_buffers(func, prefix, static, graph.id, bound)
         _bind_sample_args(flat, static, bound)
-        graphed = _Runner(graph, static, len(flat), params, out_spec)
+        graphed = _Runner(graph, static, len(flat), params, out_spec, buffers)
 
         if isinstance(func, torch.nn.Module):
             def make_graphed_forward(func, graph_training_state, graphed, orig_fwd):

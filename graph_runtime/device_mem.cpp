@@ -1,0 +1,132 @@
+/*
+ * graph_runtime device memory for device-resident captures: gr_device_alloc / gr_device_free.
+ * Plain cudaMalloc (never libtorch's caching allocator: a block carved out of a larger cached
+ * segment could not be exported at offset 0, and would outlive our free) and a CUDA IPC handle
+ * for the client. Without the CUDA family (the CPU build) both are GR_EUNSUPPORTED.
+ */
+#include "runtime_int.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#ifdef GR_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+namespace
+{
+
+/* "cuda:N" (or "cuda") => N; -1 when device is not a CUDA device name. */
+int cuda_index(const char *device)
+{
+    if (device == nullptr || std::strncmp(device, "cuda", 4) != 0)
+        return -1;
+    const char *p = device + 4;
+    if (*p == '\0')
+        return 0;
+    if (*p != ':' || p[1] < '0' || p[1] > '9')
+        return -1;
+    char *end = nullptr;
+    long n = std::strtol(p + 1, &end, 10);
+    if (*end != '\0' || n < 0 || n > 65535)
+        return -1;
+    return static_cast<int>(n);
+}
+
+#ifdef GR_HAVE_CUDA
+/* Makes index the current device for its lifetime, restoring the previous one after. */
+struct DeviceScope {
+    int prev = -1;
+    cudaError_t err = cudaSuccess;
+    explicit DeviceScope(int index)
+    {
+        if (cudaGetDevice(&prev) != cudaSuccess) {
+            (void)cudaGetLastError();
+            prev = -1;
+        }
+        if (prev != index)
+            err = cudaSetDevice(index);
+    }
+    ~DeviceScope()
+    {
+        if (prev >= 0 && cudaSetDevice(prev) != cudaSuccess)
+            (void)cudaGetLastError();
+    }
+};
+
+int cuda_fail(cudaError_t err, const char *what, const char *device)
+{
+    (void)cudaGetLastError(); /* clear it, so later calls on this thread do not see it */
+    return gr__set_errorf(err == cudaErrorMemoryAllocation ? GR_ENOMEM
+                          : err == cudaErrorInvalidDevice  ? GR_ENOTFOUND
+                                                           : GR_EINTERNAL,
+                          "%s on %s: %s", what, device, cudaGetErrorString(err));
+}
+#endif
+
+} // namespace
+
+extern "C" int gr_device_alloc(const char *device, uint64_t bytes, void **ptr,
+                               uint8_t handle[GR_IPC_HANDLE_SIZE])
+{
+    if (ptr == nullptr || handle == nullptr)
+        return gr__set_error(GR_EINVAL, "gr_device_alloc: NULL argument");
+    *ptr = nullptr;
+    int index = cuda_index(device);
+    if (index < 0)
+        return gr__set_errorf(GR_EINVAL, "gr_device_alloc: '%s' is not a CUDA device",
+                              device ? device : "(null)");
+    if (bytes == 0)
+        return gr__set_error(GR_EINVAL, "gr_device_alloc: 0 bytes");
+#ifdef GR_HAVE_CUDA
+    static_assert(sizeof(cudaIpcMemHandle_t) == GR_IPC_HANDLE_SIZE, "IPC handle size");
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess || index >= count) {
+        (void)cudaGetLastError();
+        return gr__set_errorf(GR_ENOTFOUND, "no device %s", device);
+    }
+    DeviceScope scope(index);
+    if (scope.err != cudaSuccess)
+        return cuda_fail(scope.err, "cudaSetDevice", device);
+    void *p = nullptr;
+    cudaError_t err = cudaMalloc(&p, static_cast<size_t>(bytes));
+    if (err != cudaSuccess)
+        return cuda_fail(err, "cudaMalloc", device);
+    cudaIpcMemHandle_t h;
+    err = cudaIpcGetMemHandle(&h, p);
+    if (err != cudaSuccess) {
+        int rc = cuda_fail(err, "cudaIpcGetMemHandle", device);
+        (void)cudaFree(p);
+        return rc;
+    }
+    std::memcpy(handle, &h, GR_IPC_HANDLE_SIZE);
+    *ptr = p;
+    return GR_OK;
+#else
+    return gr__set_errorf(GR_EUNSUPPORTED, "gr_device_alloc: the CUDA family is not built into "
+                                           "this graph_runtime");
+#endif
+}
+
+extern "C" int gr_device_free(const char *device, void *ptr)
+{
+    if (ptr == nullptr)
+        return GR_OK;
+    int index = cuda_index(device);
+    if (index < 0)
+        return gr__set_errorf(GR_EINVAL, "gr_device_free: '%s' is not a CUDA device",
+                              device ? device : "(null)");
+#ifdef GR_HAVE_CUDA
+    DeviceScope scope(index);
+    if (scope.err != cudaSuccess)
+        return cuda_fail(scope.err, "cudaSetDevice", device);
+    cudaError_t err = cudaFree(ptr);
+    if (err != cudaSuccess)
+        return cuda_fail(err, "cudaFree", device);
+    return GR_OK;
+#else
+    return gr__set_errorf(GR_EUNSUPPORTED, "gr_device_free: the CUDA family is not built into "
+                                           "this graph_runtime");
+#endif
+}
