@@ -100,6 +100,37 @@ static int is_local_target(const char *target)
     return strncmp(target, "unix:", 5) == 0 || strncmp(target, "unix-abstract:", 14) == 0;
 }
 
+/* The whole of a small text file, NUL-terminated; NULL when it cannot be read. */
+static char *read_text_file(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (f == NULL)
+        return NULL;
+    char *buf = NULL;
+    size_t len = 0;
+    for (;;) {
+        char *nb = realloc(buf, len + 4097);
+        if (nb == NULL) {
+            free(buf);
+            fclose(f);
+            return NULL;
+        }
+        buf = nb;
+        size_t n = fread(buf + len, 1, 4096, f);
+        len += n;
+        if (n < 4096)
+            break;
+    }
+    int err = ferror(f);
+    fclose(f);
+    if (err) {
+        free(buf);
+        return NULL;
+    }
+    buf[len] = '\0';
+    return buf;
+}
+
 int graphd_connect(const char *address, graphd_client_t **out)
 {
     if (out == NULL)
@@ -131,9 +162,23 @@ int graphd_connect(const char *address, graphd_client_t **out)
         {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, .value.integer = 2000},
     };
     grpc_channel_args chargs = {.num_args = sizeof(args) / sizeof(args[0]), .args = args};
-    grpc_channel_credentials *creds = is_local_target(c->address)
-                                          ? grpc_insecure_credentials_create()
-                                          : grpc_ssl_credentials_create(NULL, NULL, NULL, NULL);
+    grpc_channel_credentials *creds = NULL;
+    if (is_local_target(c->address)) {
+        creds = grpc_insecure_credentials_create();
+    } else {
+        /* TCP is always TLS. $GRAPHD_TLS_CA names a PEM file of roots (a private CA or a
+         * self-signed daemon certificate); without it, gRPC's default roots apply. */
+        char *roots = NULL;
+        const char *ca = getenv("GRAPHD_TLS_CA");
+        if (ca != NULL && ca[0] != '\0' && (roots = read_text_file(ca)) == NULL) {
+            graphd__fail(c, GRAPHD_ESYS, "cannot read GRAPHD_TLS_CA file %s", ca);
+            int rc = GRAPHD_ESYS;
+            graphd_close(c);
+            return rc;
+        }
+        creds = grpc_ssl_credentials_create(roots, NULL, NULL, NULL);
+        free(roots);
+    }
     if (creds != NULL) {
         c->channel = grpc_channel_create(c->address, creds, &chargs);
         grpc_channel_credentials_release(creds);

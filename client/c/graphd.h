@@ -16,7 +16,8 @@
  *   local one) until the next call on that client.
  *
  * Environment: GRAPHD_ADDRESS (default address), GRAPHD_TIMEOUT_MS (deadline
- * of each RPC and data-plane exchange, default 60000).
+ * of each RPC and data-plane exchange, default 60000), GRAPHD_TLS_CA (PEM roots
+ * trusted for a TCP address, which is always TLS; default: gRPC's roots).
  */
 #ifndef GRAPHD_H
 #define GRAPHD_H
