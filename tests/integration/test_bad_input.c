@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "../lib/harness.h"
+#include "../lib/wire.h"
 #include "graphd_frame.h"
 
 #define M(name) "/graphd.v1.Graphd/" name
@@ -28,50 +29,6 @@ enum { OK = 0, INVALID_ARGUMENT = 3, NOT_FOUND = 5, RESOURCE_EXHAUSTED = 8 };
 enum { FAILED_PRECONDITION = 9, UNIMPLEMENTED = 12 };
 
 /* ---- a little protobuf by hand, for messages libgraphd would never send ---------------- */
-
-typedef struct pb {
-    uint8_t buf[256];
-    size_t len;
-} pb_t;
-
-static void pb_varint(pb_t *p, uint64_t v)
-{
-    while (v >= 0x80) {
-        p->buf[p->len++] = (uint8_t)(v | 0x80);
-        v >>= 7;
-    }
-    p->buf[p->len++] = (uint8_t)v;
-}
-
-static void pb_uint(pb_t *p, unsigned field, uint64_t v)
-{
-    pb_varint(p, (uint64_t)field << 3);
-    pb_varint(p, v);
-}
-
-static void pb_fixed64(pb_t *p, unsigned field, uint64_t v)
-{
-    pb_varint(p, (uint64_t)field << 3 | 1);
-    for (int i = 0; i < 8; i++)
-        p->buf[p->len++] = (uint8_t)(v >> (8 * i));
-}
-
-static void pb_bytes(pb_t *p, unsigned field, const void *data, size_t n)
-{
-    pb_varint(p, (uint64_t)field << 3 | 2);
-    pb_varint(p, n);
-    memcpy(p->buf + p->len, data, n);
-    p->len += n;
-}
-
-/* SessionRef{id, token} as field 1 of the enclosing message. */
-static void pb_session(pb_t *p, uint64_t id, uint64_t token)
-{
-    pb_t ref = {.len = 0};
-    pb_uint(&ref, 1, id);
-    pb_fixed64(&ref, 2, token);
-    pb_bytes(p, 1, ref.buf, ref.len);
-}
 
 static int pb_read_varint(const uint8_t **p, const uint8_t *end, uint64_t *v)
 {
@@ -175,101 +132,6 @@ static void raw_hello(const harness_t *h, raw_session_t *s)
 }
 
 /* ---- session-socket helpers ------------------------------------------------------------ */
-
-static int dp_connect(const char *path)
-{
-    struct sockaddr_un sa = {.sun_family = AF_UNIX};
-    snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", path);
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    assert_true(fd >= 0);
-    assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
-    return fd;
-}
-
-static void dp_send(int fd, const void *buf, size_t n)
-{
-    assert_int_equal(send(fd, buf, n, MSG_NOSIGNAL), (ssize_t)n);
-}
-
-static void dp_send_frame(int fd, uint16_t type, uint64_t seq, uint64_t id, uint64_t arg)
-{
-    graphd_frame_t f = {.magic = GRAPHD_FRAME_MAGIC,
-                        .version = GRAPHD_FRAME_VERSION,
-                        .type = type,
-                        .seq = seq,
-                        .id = id,
-                        .arg = arg};
-    uint8_t raw[GRAPHD_FRAME_SIZE];
-    graphd_frame_encode(&f, raw);
-    dp_send(fd, raw, sizeof(raw));
-}
-
-/* Reads exactly n bytes within 5 s; returns bytes read (< n at EOF), closing passed fds. */
-static size_t dp_read(int fd, void *buf, size_t n)
-{
-    size_t got = 0;
-    while (got < n) {
-        struct pollfd p = {.fd = fd, .events = POLLIN};
-        if (poll(&p, 1, 5000) <= 0)
-            fail_msg("no data on the session socket within 5 s");
-        char control[CMSG_SPACE(sizeof(int) * 4)];
-        struct iovec iov = {.iov_base = (char *)buf + got, .iov_len = n - got};
-        struct msghdr msg = {.msg_iov = &iov,
-                             .msg_iovlen = 1,
-                             .msg_control = control,
-                             .msg_controllen = sizeof(control)};
-        ssize_t r = recvmsg(fd, &msg, MSG_CMSG_CLOEXEC);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r < 0 && errno == ECONNRESET)
-            return got;
-        assert_true(r >= 0);
-        for (struct cmsghdr *cm = CMSG_FIRSTHDR(&msg); cm; cm = CMSG_NXTHDR(&msg, cm))
-            if (cm->cmsg_type == SCM_RIGHTS)
-                for (size_t i = 0; i < (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int); i++)
-                    close(((int *)CMSG_DATA(cm))[i]);
-        if (r == 0)
-            return got;
-        got += (size_t)r;
-    }
-    return got;
-}
-
-/* Reads one frame (and its message) and checks magic and version. */
-static void dp_recv_frame(int fd, graphd_frame_t *f, char *msg, size_t msg_size)
-{
-    uint8_t raw[GRAPHD_FRAME_SIZE];
-    assert_int_equal(dp_read(fd, raw, sizeof(raw)), sizeof(raw));
-    graphd_frame_decode(raw, f);
-    assert_int_equal(f->magic, GRAPHD_FRAME_MAGIC);
-    assert_int_equal(f->version, GRAPHD_FRAME_VERSION);
-    assert_true(f->msg_len <= GRAPHD_FRAME_MAX_MSG);
-    assert_true(f->msg_len < msg_size);
-    assert_int_equal(dp_read(fd, msg, f->msg_len), f->msg_len);
-    msg[f->msg_len] = '\0';
-}
-
-/* The daemon must answer with one ERROR frame (INVALID_ARGUMENT) and then close. */
-static void expect_error_then_close(int fd, const char *what)
-{
-    graphd_frame_t f;
-    char msg[GRAPHD_FRAME_MAX_MSG + 1];
-    uint8_t raw[GRAPHD_FRAME_SIZE];
-    size_t got = dp_read(fd, raw, sizeof(raw));
-    if (got != sizeof(raw))
-        fail_msg("%s: %zu bytes then EOF instead of an ERROR frame", what, got);
-    graphd_frame_decode(raw, &f);
-    assert_int_equal(f.magic, GRAPHD_FRAME_MAGIC);
-    assert_true(f.msg_len < sizeof(msg));
-    assert_int_equal(dp_read(fd, msg, f.msg_len), f.msg_len);
-    msg[f.msg_len] = '\0';
-    assert_int_equal(f.type, GRAPHD_FRAME_ERROR);
-    assert_int_equal(f.status, INVALID_ARGUMENT);
-    assert_true(f.msg_len > 0);
-    uint8_t more;
-    assert_int_equal(dp_read(fd, &more, 1), 0); /* EOF */
-    close(fd);
-}
 
 /* A client that still works end to end: alloc, write, free. */
 static void still_serving(graphd_client_t *c)
@@ -474,6 +336,7 @@ static void garbage_on_session_socket(void **state)
     int fd = dp_connect(path);
     dp_send(fd, junk, sizeof(junk));
     expect_error_then_close(fd, "garbage");
+    close(fd);
 
     /* A well-formed frame with a bad version, and one with an unknown type. */
     graphd_frame_t f = {.magic = GRAPHD_FRAME_MAGIC, .version = 9, .type = GRAPHD_FRAME_ATTACH};
@@ -482,20 +345,24 @@ static void garbage_on_session_socket(void **state)
     fd = dp_connect(path);
     dp_send(fd, raw, sizeof(raw));
     expect_error_then_close(fd, "bad version");
+    close(fd);
     fd = dp_connect(path);
     dp_send_frame(fd, 0x1234, 1, 0, 0);
     expect_error_then_close(fd, "unknown type");
+    close(fd);
 
     /* MAP before ATTACH. */
     fd = dp_connect(path);
     dp_send_frame(fd, GRAPHD_FRAME_MAP, 1, 1, 0);
     expect_error_then_close(fd, "MAP before ATTACH");
+    close(fd);
 
     /* A truncated frame: 10 bytes, then the write side closes. */
     fd = dp_connect(path);
     dp_send(fd, junk, 10);
     shutdown(fd, SHUT_WR);
     expect_error_then_close(fd, "truncated frame");
+    close(fd);
 
     still_serving(other);
     graphd_close(other);
@@ -540,6 +407,7 @@ static void garbage_ends_attached_session(void **state)
     memset(junk, 0x00, sizeof(junk));
     dp_send(fd, junk, sizeof(junk));
     expect_error_then_close(fd, "garbage after ATTACH");
+    close(fd);
     int gone = 0;
     for (int64_t t0 = harness_now_ms(); !gone && harness_now_ms() - t0 < 1000;) {
         st = harness_status(watch);

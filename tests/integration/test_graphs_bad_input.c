@@ -27,6 +27,7 @@
 #include <unistd.h>
 
 #include "../lib/harness.h"
+#include "../lib/wire.h"
 #include "graphd_frame.h"
 
 #define M(name) "/graphd.v1.Graphd/" name
@@ -40,50 +41,6 @@ typedef struct fixture {
 } fixture_t;
 
 /* ---- a little protobuf by hand (as in test_bad_input.c) --------------------------------- */
-
-typedef struct pb {
-    uint8_t buf[256];
-    size_t len;
-} pb_t;
-
-static void pb_varint(pb_t *p, uint64_t v)
-{
-    while (v >= 0x80) {
-        p->buf[p->len++] = (uint8_t)(v | 0x80);
-        v >>= 7;
-    }
-    p->buf[p->len++] = (uint8_t)v;
-}
-
-static void pb_uint(pb_t *p, unsigned field, uint64_t v)
-{
-    pb_varint(p, (uint64_t)field << 3);
-    pb_varint(p, v);
-}
-
-static void pb_fixed64(pb_t *p, unsigned field, uint64_t v)
-{
-    pb_varint(p, (uint64_t)field << 3 | 1);
-    for (int i = 0; i < 8; i++)
-        p->buf[p->len++] = (uint8_t)(v >> (8 * i));
-}
-
-static void pb_bytes(pb_t *p, unsigned field, const void *data, size_t n)
-{
-    pb_varint(p, (uint64_t)field << 3 | 2);
-    pb_varint(p, n);
-    memcpy(p->buf + p->len, data, n);
-    p->len += n;
-}
-
-/* SessionRef{id, token} as field 1 of the enclosing message. */
-static void pb_session(pb_t *p, uint64_t id, uint64_t token)
-{
-    pb_t ref = {.len = 0};
-    pb_uint(&ref, 1, id);
-    pb_fixed64(&ref, 2, token);
-    pb_bytes(p, 1, ref.buf, ref.len);
-}
 
 /* The session id, token and socket path of a HelloReply, found by a flat walk. */
 typedef struct raw_session {
@@ -147,66 +104,6 @@ static void parse_hello(const uint8_t *p, size_t n, raw_session_t *s, int depth)
 
 /* ---- session-socket helpers ------------------------------------------------------------- */
 
-static int dp_connect(const char *path)
-{
-    struct sockaddr_un sa = {.sun_family = AF_UNIX};
-    snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", path);
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    assert_true(fd >= 0);
-    assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
-    return fd;
-}
-
-static void dp_send(int fd, const void *buf, size_t n)
-{
-    assert_int_equal(send(fd, buf, n, MSG_NOSIGNAL), (ssize_t)n);
-}
-
-static void dp_send_frame(int fd, uint16_t type, uint64_t seq, uint64_t id, uint64_t arg)
-{
-    graphd_frame_t f = {.magic = GRAPHD_FRAME_MAGIC,
-                        .version = GRAPHD_FRAME_VERSION,
-                        .type = type,
-                        .seq = seq,
-                        .id = id,
-                        .arg = arg};
-    uint8_t raw[GRAPHD_FRAME_SIZE];
-    graphd_frame_encode(&f, raw);
-    dp_send(fd, raw, sizeof(raw));
-}
-
-/* Reads exactly n bytes within 5 s; returns bytes read (< n at EOF). */
-static size_t dp_read(int fd, void *buf, size_t n)
-{
-    size_t got = 0;
-    while (got < n) {
-        struct pollfd p = {.fd = fd, .events = POLLIN};
-        if (poll(&p, 1, 5000) <= 0)
-            fail_msg("no data on the session socket within 5 s");
-        ssize_t r = recv(fd, (char *)buf + got, n - got, 0);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r < 0 && errno == ECONNRESET)
-            return got;
-        assert_true(r >= 0);
-        if (r == 0)
-            return got;
-        got += (size_t)r;
-    }
-    return got;
-}
-
-static void dp_recv_frame(int fd, graphd_frame_t *f, char *msg, size_t msg_size)
-{
-    uint8_t raw[GRAPHD_FRAME_SIZE];
-    assert_int_equal(dp_read(fd, raw, sizeof(raw)), sizeof(raw));
-    graphd_frame_decode(raw, f);
-    assert_int_equal(f->magic, GRAPHD_FRAME_MAGIC);
-    assert_true(f->msg_len < msg_size);
-    assert_int_equal(dp_read(fd, msg, f->msg_len), f->msg_len);
-    msg[f->msg_len] = '\0';
-}
-
 /* One REPLAY frame and its reply's status; the message goes to msg. */
 static int dp_replay(int fd, uint64_t seq, uint64_t graph, uint64_t phase, char *msg, size_t size)
 {
@@ -216,26 +113,6 @@ static int dp_replay(int fd, uint64_t seq, uint64_t graph, uint64_t phase, char 
     assert_int_equal(f.type, GRAPHD_FRAME_REPLAY | GRAPHD_FRAME_REPLY);
     assert_int_equal(f.seq, seq);
     return f.status;
-}
-
-/* The daemon must answer with one ERROR frame (INVALID_ARGUMENT, a message) and then close. */
-static void expect_error_then_close(int fd, const char *what)
-{
-    graphd_frame_t f;
-    char msg[GRAPHD_FRAME_MAX_MSG + 1];
-    uint8_t raw[GRAPHD_FRAME_SIZE];
-    size_t got = dp_read(fd, raw, sizeof(raw));
-    if (got != sizeof(raw))
-        fail_msg("%s: %zu bytes then EOF instead of an ERROR frame", what, got);
-    graphd_frame_decode(raw, &f);
-    assert_true(f.msg_len < sizeof(msg));
-    assert_int_equal(dp_read(fd, msg, f.msg_len), f.msg_len);
-    msg[f.msg_len] = '\0';
-    assert_int_equal(f.type, GRAPHD_FRAME_ERROR);
-    assert_int_equal(f.status, INVALID_ARGUMENT);
-    assert_true(f.msg_len > 0);
-    uint8_t more;
-    assert_int_equal(dp_read(fd, &more, 1), 0); /* EOF */
 }
 
 /* Hello by raw gRPC and a raw ATTACH: a session whose token this test knows. */
