@@ -595,7 +595,6 @@ typedef struct {
     char msg[1024];
     uint64_t t0;
     /* filled on the loop between the two steps */
-    pm_region_t *regions[MAX_CALLABLES];
     uint64_t region_ids[MAX_CALLABLES];
     void *bases[MAX_CALLABLES];
     size_t map_lens[MAX_CALLABLES];

@@ -28,7 +28,6 @@ static void *worker_main(void *arg)
         job->run(job); /* may free the job when it has no done callback */
 
         pthread_mutex_lock(&w->lock);
-        w->jobs_run++;
         if (has_done) {
             if (w->done_tail)
                 w->done_tail->next = job;
@@ -51,7 +50,6 @@ static void on_done(uv_async_t *h)
     pthread_mutex_unlock(&w->lock);
     while (job) {
         gd_job_t *next = job->next;
-        w->pending--;
         job->done(job);
         job = next;
     }
@@ -76,8 +74,6 @@ int gd_worker_start(gd_worker_t *w, uv_loop_t *loop, const char *device)
 void gd_worker_submit(gd_worker_t *w, gd_job_t *job)
 {
     job->next = NULL;
-    if (job->done)
-        w->pending++;
     pthread_mutex_lock(&w->lock);
     if (w->tail)
         w->tail->next = job;

@@ -28,8 +28,6 @@ typedef struct gd_worker {
     gd_job_t *done_head, *done_tail; /* ran, waiting for their done callback */
     bool stopping;
     uv_async_t async;
-    uint64_t pending; /* submitted and not yet done (loop thread only) */
-    uint64_t jobs_run;
 } gd_worker_t;
 
 /* Starts the thread. 0 or -1 (logged). */
