@@ -1,0 +1,310 @@
+#!/usr/bin/env python3
+"""Where graphd.make_graphed_callables spends its time (issue 5, benchmark 4: capture), next to the
+in-process alternative, for an MLP of (batch, width, depth).
+
+The client's part is timed by wrapping the graphd package's steps (nothing in the package is
+changed): the trace (torch.jit.trace) and archive (torch.jit.save), RegisterModule, the Capture
+call (gRPC plus mapping the static regions), and the binding of the module to its static tensors.
+The daemon's part comes from its log line for the capture ("prepare X ms, regions Y ms, finish Z
+ms, queued W ms"), so the script starts its own daemon from $GRAPHD_BUILD (default build/) with
+--config /dev/null at info level, unless --address (or $GRAPHD_ADDRESS) names a running one; give
+that one's log with --daemon-log to see its part.
+
+In-process alternative: on CUDA, torch.cuda.make_graphed_callables on a copy of the model; on the
+CPU, where PyTorch has no graphs, the same number of eager warm-up iterations (forward and
+autograd.grad, as upstream's warm-up) in-process, so the ratio is what graphd adds over doing the
+warm-up yourself. It runs twice and the ratios use the second run: the first pays one-off costs
+(on CUDA about 2 s of lazy initialisation, even after an eager step).
+
+--steps N also times N training steps' forward and backward (MSE loss) through the last graphed
+model, next to the same steps eager in-process: on the CPU every replay runs the TorchScript method
+again, so executor settings that make capture cheaper must not make these slower.
+
+Each of --repeat captures uses a fresh copy of the same model; the first can include one-off costs
+(libtorch's first use in the daemon, CUDA context), so the table shows each run and the median of
+all but the first.
+
+Usage:
+  /usr/bin/python3 bench/capture_profile.py [--shape 64,512,8] [--repeat 4]      # CPU
+  python3 bench/capture_profile.py --device cuda:0                 # device-resident (GPU machine)
+  python3 bench/capture_profile.py --device cuda:0 --host-staged   # CPU model, device="cuda:0"
+"""
+import argparse
+import copy
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "client" / "python"))
+
+import torch  # noqa: E402
+import torch.nn as nn  # noqa: E402
+
+import graphd  # noqa: E402
+from graphd import client as gd_client  # noqa: E402
+from graphd import graphs as gd_graphs  # noqa: E402
+
+# The daemon's line for a capture; a daemon from before the steps were logged gives the total only.
+DAEMON_LINE = re.compile(r"captured \d+ graphs? in pool \S+ \(([\d.]+) ms(?:: prepare ([\d.]+) ms, "
+                         r"regions ([\d.]+) ms, finish ([\d.]+) ms, queued ([\d.]+) ms)?\)")
+
+
+def mlp(width, depth):
+    layers = []
+    for i in range(depth):
+        layers += [nn.Linear(width, width)] + ([nn.ReLU()] if i < depth - 1 else [])
+    return nn.Sequential(*layers)
+
+
+class Timers:
+    """Seconds spent in wrapped functions, by name, for the run in progress."""
+
+    def __init__(self):
+        self.t = {}
+
+    def wrap(self, owner, attr, name):
+        orig = getattr(owner, attr)
+        timers = self
+
+        def timed(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return orig(*args, **kwargs)
+            finally:
+                timers.t[name] = timers.t.get(name, 0.0) + time.perf_counter() - t0
+        setattr(owner, attr, timed)
+
+
+def instrument(timers):
+    w = timers.wrap
+    w(gd_graphs, "_trace", "trace+save")
+    w(torch.jit, "trace", "trace")
+    w(torch.jit, "save", "save")
+    w(gd_client.Client, "_ensure_session", "hello")
+    w(gd_client.Client, "register_module", "RegisterModule")
+    w(gd_client.Client, "capture", "Capture")
+    w(gd_client.Client, "release_module", "ReleaseModule")
+    w(gd_graphs, "_warm_up_buffers", "buffer warm-up")
+    for f in ("_Static", "_bind_params", "_bind_buffers", "_bind_sample_args"):
+        w(gd_graphs, f, "bind")
+
+
+class Daemon:
+    """$GRAPHD_BUILD/graphd on a socket in a temporary directory, logging at info to a file."""
+
+    def __init__(self, log=None):
+        build = Path(os.environ.get("GRAPHD_BUILD", "build"))
+        exe = (build if build.is_absolute() else REPO / build) / "graphd"
+        if not exe.exists():
+            sys.exit("no %s: build it first (make)" % exe)
+        self.dir = tempfile.TemporaryDirectory(prefix="graphd-capture-")
+        self.address = "unix:%s/graphd.sock" % self.dir.name
+        self.log = Path(log) if log else Path(self.dir.name) / "graphd.log"
+        with open(self.log, "w") as out:
+            self.proc = subprocess.Popen([str(exe), "--config", "/dev/null", "--listen",
+                                          self.address, "--log-level", "info"],
+                                         stdout=out, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 30
+        while True:
+            if self.proc.poll() is not None:
+                sys.exit("graphd exited with %s:\n%s" % (self.proc.returncode,
+                                                        self.log.read_text()))
+            try:
+                with graphd.Client(self.address) as c:
+                    c.status()
+                return
+            except graphd.GraphdError:
+                if time.monotonic() > deadline:
+                    sys.exit("graphd did not answer within 30 s")
+                time.sleep(0.05)
+
+    def stop(self):
+        self.proc.send_signal(signal.SIGTERM)
+        self.proc.wait(timeout=30)
+        self.dir.cleanup()
+
+
+class LogTail:
+    """The daemon's capture lines written since the last call."""
+
+    def __init__(self, path):
+        self.path = Path(path) if path else None
+        self.pos = self.path.stat().st_size if self.path and self.path.exists() else 0
+
+    def captures(self):
+        if self.path is None:
+            return []
+        with open(self.path, "rb") as f:
+            f.seek(self.pos)
+            text = f.read().decode("utf-8", "replace")
+            self.pos = f.tell()
+        return [tuple(float(v) if v else float("nan") for v in m.groups())
+                for m in DAEMON_LINE.finditer(text)]
+
+
+def in_process(model, x, device, warmup):
+    """ms of the in-process alternative (see the module docstring)."""
+    if device.type == "cuda":
+        nn.functional.mse_loss(model(x), torch.zeros_like(x)).backward()  # CUDA/cuBLAS init
+        model.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        torch.cuda.make_graphed_callables(model, (x,), num_warmup_iters=warmup)
+        torch.cuda.synchronize()
+        return (time.perf_counter() - t0) * 1e3
+    params = [p for p in model.parameters() if p.requires_grad]
+    t0 = time.perf_counter()
+    for _ in range(warmup):  # upstream's warm-up body
+        out = model(x)
+        torch.autograd.grad((out,), params, (torch.zeros_like(out),))
+    return (time.perf_counter() - t0) * 1e3
+
+
+def steps_ms(model, x, steps):
+    """Mean ms of a forward, MSE loss and backward through model, after 3 untimed steps."""
+    with torch.no_grad():
+        y = torch.zeros_like(model(x))
+
+    def step():
+        nn.functional.mse_loss(model(x), y).backward()
+    for _ in range(3):
+        step()
+    sync = torch.cuda.synchronize if x.is_cuda else (lambda: None)
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        step()
+    sync()
+    return (time.perf_counter() - t0) / steps * 1e3
+
+
+def graphd_capture(model, x, device_arg, warmup, timers, tail):
+    """(wall ms, client step timings, the daemon's numbers or None, the graphed model)."""
+    timers.t = {}
+    if x.is_cuda:
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    g = graphd.make_graphed_callables(model, (x,), num_warmup_iters=warmup, device=device_arg)
+    wall = (time.perf_counter() - t0) * 1e3
+    lines = tail.captures()
+    return wall, dict(timers.t), (lines[-1] if lines else None), g
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--shape", default="64,512,8", help="batch,width,depth (default 64,512,8)")
+    ap.add_argument("--device", default="cpu", help="cpu (default) or cuda:N")
+    ap.add_argument("--host-staged", action="store_true",
+                    help="with --device cuda:N: a CPU model captured with device='cuda:N'")
+    ap.add_argument("--warmup", type=int, default=3, help="num_warmup_iters (default 3)")
+    ap.add_argument("--repeat", type=int, default=4, help="graphd captures (default 4)")
+    ap.add_argument("--steps", type=int, default=0,
+                    help="then time this many forward+backward steps, graphd and eager (default 0)")
+    ap.add_argument("--address", default=os.environ.get("GRAPHD_ADDRESS"),
+                    help="a running daemon (default: start build/graphd)")
+    ap.add_argument("--daemon-log",
+                    help="with --address: that daemon's log, for its part of the time; else where "
+                    "the daemon started here logs (default: a temporary file)")
+    args = ap.parse_args()
+    if args.repeat < 1:
+        ap.error("--repeat must be at least 1")
+    batch, width, depth = (int(v) for v in args.shape.split(","))
+    device = torch.device(args.device)
+    if args.host_staged and device.type != "cuda":
+        ap.error("--host-staged needs --device cuda:N")
+    model_device = torch.device("cpu") if args.host_staged else device
+    device_arg = args.device if args.host_staged else None
+
+    daemon = None
+    if args.address:
+        os.environ["GRAPHD_ADDRESS"] = args.address
+        tail = LogTail(args.daemon_log)
+    else:
+        daemon = Daemon(args.daemon_log)
+        os.environ["GRAPHD_ADDRESS"] = daemon.address
+        tail = LogTail(daemon.log)
+    timers = Timers()
+    instrument(timers)
+
+    torch.manual_seed(0)
+    base = mlp(width, depth)
+    x = torch.randn(batch, width)
+    mode = ("host-staged on " + args.device if args.host_staged
+            else "device-resident on " + args.device if device.type == "cuda" else "cpu")
+    print("torch %s, %d threads; MLP (%d, %d, %d), %s, num_warmup_iters %d" % (
+        torch.__version__, torch.get_num_threads(), batch, width, depth, mode, args.warmup))
+
+    try:
+        ref = copy.deepcopy(base).to(device)
+        inproc = in_process(ref, x.to(device), device, args.warmup)
+        inproc2 = in_process(copy.deepcopy(base).to(device), x.to(device), device, args.warmup)
+        del ref
+        runs = []
+        for _ in range(args.repeat):
+            m = copy.deepcopy(base).to(model_device)
+            wall, t, dmn, g = graphd_capture(m, x.to(model_device), device_arg, args.warmup,
+                                             timers, tail)
+            runs.append((wall, t, dmn))
+        if args.steps > 0:
+            xs = x.to(model_device)
+            step_graphd = steps_ms(g, xs, args.steps)
+            step_eager = steps_ms(copy.deepcopy(base).to(model_device), xs, args.steps)
+        del g, m
+    finally:
+        graphd.default_client().close()
+        if daemon is not None:
+            daemon.stop()
+
+    label = ("torch.cuda.make_graphed_callables" if device.type == "cuda"
+             else "%d eager warm-up iterations" % args.warmup)
+    print("in-process (%s): %.1f ms, again %.1f ms" % (label, inproc, inproc2))
+    rows = [
+        ("trace (torch.jit.trace)", lambda w, t, d: t.get("trace", 0) * 1e3),
+        ("archive (torch.jit.save)", lambda w, t, d: t.get("save", 0) * 1e3),
+        ("archive read + other", lambda w, t, d: (t.get("trace+save", 0) - t.get("trace", 0)
+                                          - t.get("save", 0)) * 1e3),
+        ("Hello (first call only)", lambda w, t, d: t.get("hello", 0) * 1e3),
+        ("RegisterModule", lambda w, t, d: (t.get("RegisterModule", 0) - t.get("hello", 0))
+         * 1e3),
+        ("Capture call", lambda w, t, d: t.get("Capture", 0) * 1e3),
+        ("  daemon: prepare", lambda w, t, d: d[1] if d else float("nan")),
+        ("  daemon: regions", lambda w, t, d: d[2] if d else float("nan")),
+        ("  daemon: finish", lambda w, t, d: d[3] if d else float("nan")),
+        ("  daemon: queued", lambda w, t, d: d[4] if d else float("nan")),
+        ("  gRPC + mapping regions", lambda w, t, d: (t.get("Capture", 0) * 1e3 - d[0])
+         if d else float("nan")),
+        ("ReleaseModule", lambda w, t, d: t.get("ReleaseModule", 0) * 1e3),
+        ("buffer warm-up (client)", lambda w, t, d: t.get("buffer warm-up", 0) * 1e3),
+        ("static views + binding", lambda w, t, d: t.get("bind", 0) * 1e3),
+        ("other", lambda w, t, d: w - 1e3 * sum(t.get(k, 0) for k in (
+            "trace+save", "RegisterModule", "Capture", "ReleaseModule", "buffer warm-up",
+            "bind"))),
+        ("make_graphed_callables", lambda w, t, d: w),
+    ]
+    head = "%-28s" % "graphd, ms" + "".join("%10s" % ("run %d" % (i + 1))
+                                              for i in range(len(runs)))
+    head += "%10s" % ("median>1" if len(runs) > 1 else "")
+    print(head)
+    for name, f in rows:
+        vals = [f(*r) for r in runs]
+        rest = statistics.median(vals[1:]) if len(vals) > 1 else float("nan")
+        print("%-28s" % name + "".join("%10.1f" % v for v in vals) +
+              ("%10.1f" % rest if len(vals) > 1 else ""))
+    if args.steps > 0:
+        print("forward+backward step, mean of %d: graphd %.2f ms, eager in-process %.2f ms "
+              "(%.2fx)" % (args.steps, step_graphd, step_eager, step_graphd / step_eager))
+    walls = [r[0] for r in runs]
+    steady = statistics.median(walls[1:]) if len(walls) > 1 else walls[0]
+    print("graphd / in-process: first %.2fx, median of the rest %.2fx (target <= 1.2x)" % (
+        walls[0] / inproc2, steady / inproc2))
+
+
+if __name__ == "__main__":
+    main()

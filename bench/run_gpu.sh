@@ -1,0 +1,88 @@
+#!/bin/bash
+# Everything issue 5 measures on the GPU machine, in one go: the build against the Python torch
+# (TORCH=python), the GPU tests, and the four benchmarks, each step's output in OUTDIR/<step>.log
+# and on stdout. CI never runs this (it has no GPU); docs/BENCHMARKS.md records its results.
+#
+# Usage, on the GPU machine in the project root, with .devdeps carried (see docs/BENCHMARKS.md):
+#   bench/run_gpu.sh OUTDIR [STEP...]
+# Environment: PYTESTS (the pytest paths, default tests/python), STEPS (training steps per mode,
+# default 200), PYTHON (default python3).
+# Steps (default: all, in this order): build tests train replay capture share. Each runs under a
+# time limit (timeout(1)); a step that fails does not stop the later ones, except the build.
+set -u
+out=${1:?usage: bench/run_gpu.sh OUTDIR [STEP...]}
+shift
+steps=${*:-build tests train replay capture share}
+mkdir -p "$out"
+PY=${PYTHON:-$(command -v python3)}
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/client/python GRAPHD_BUILD=$PWD/build
+
+# Debian's gRPC, protobuf-c, libuv, ... unpacked from .devdeps; their headers as system headers
+# (CPATH would make gcc treat them as user headers, and -Werror fail on gRPC's).
+. .devdeps/device-deps env
+[ -e /opt/devdeps/usr/lib/x86_64-linux-gnu/libsystemd.so.0 ] ||
+    dpkg -x .devdeps/libsystemd0_*.deb /opt/devdeps
+export C_INCLUDE_PATH=$CPATH CPLUS_INCLUDE_PATH=$CPATH
+unset CPATH
+
+daemon_pid=
+start_daemon() {
+    rm -f /tmp/graphd-bench.sock /tmp/graphd-bench.sock.session
+    build/graphd --config /dev/null --listen unix:/tmp/graphd-bench.sock "$@" \
+        >"$out/daemon-$step.log" 2>&1 &
+    daemon_pid=$!
+    for _ in $(seq 100); do
+        [ -S /tmp/graphd-bench.sock.session ] && break
+        sleep 0.1
+    done
+    export GRAPHD_ADDRESS=unix:/tmp/graphd-bench.sock
+}
+stop_daemon() {
+    [ -n "$daemon_pid" ] && kill "$daemon_pid" 2>/dev/null && wait "$daemon_pid" 2>/dev/null
+    daemon_pid=
+}
+trap stop_daemon EXIT
+
+run() { # step name, time limit in seconds, command...
+    local name=$1 limit=$2
+    shift 2
+    echo "=== $name: $*"
+    local t0=$SECONDS
+    timeout --kill-after=5 "$limit" "$@" 2>&1 | tee "$out/$name.log"
+    local rc=${PIPESTATUS[0]}
+    echo "=== $name: rc $rc, $((SECONDS - t0)) s"
+    return "$rc"
+}
+
+for step in $steps; do
+    case $step in
+    build)
+        nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+        "$PY" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)'
+        run build 300 make TORCH=python PYTHON="$PY" -j"$(nproc)" all || exit 1 ;;
+    tests)
+        run tests-python 240 "$PY" -m pytest -q -rs ${PYTESTS:-tests/python}
+        GRAPHD_PYTHON=$PY run tests-runtime 120 build/tests/unit/test_graph_runtime ;;
+    train) # benchmarks 1 and 4 (steps and capture), $STEPS (200) steps per mode
+        start_daemon
+        run train 200 "$PY" bench/train_graphd.py --steps ${STEPS:-200} --replays 0
+        stop_daemon ;;
+    replay) # benchmark 2
+        start_daemon
+        run replay 90 "$PY" bench/train_graphd.py --shapes --replays 10000
+        stop_daemon ;;
+    capture) # benchmark 4, broken down (the script starts a daemon of its own)
+        (
+            unset GRAPHD_ADDRESS
+            run capture-resident 60 "$PY" bench/capture_profile.py --device cuda:0 --repeat 3 \
+                --daemon-log "$out/daemon-capture-resident.log"
+            run capture-resident-large 60 "$PY" bench/capture_profile.py --device cuda:0 \
+                --shape 256,4096,8 --repeat 3 --daemon-log "$out/daemon-capture-large.log"
+            run capture-host 60 "$PY" bench/capture_profile.py --device cuda:0 --host-staged \
+                --repeat 3 --daemon-log "$out/daemon-capture-host.log"
+        ) ;;
+    share) # benchmark 3: starts a daemon of its own per graphd mode
+        run share 240 "$PY" bench/share_gpu.py --graphd build/graphd --json "$out/share_gpu.json" ;;
+    *) echo "unknown step $step" >&2; exit 2 ;;
+    esac
+done
