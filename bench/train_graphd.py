@@ -7,15 +7,19 @@ One step = forward, MSE loss, backward, SGD step, for MLPs of (batch, width, dep
 modes:
 - device-resident: the model and its tensors on cuda:0 as in-process; the static tensors are the
   daemon's device memory mapped here with CUDA IPC, the optimizer updates them in place on the
-  GPU. Each replay is ordered by host synchronisation (current stream synchronised before the
-  REPLAY frame; the daemon answers once its replay is done).
+  GPU. Each replay is ordered on the current stream by CUDA IPC events (no host waits); the
+  "sync" column runs the same graphs ordered by host synchronisation instead (current stream
+  synchronised before the REPLAY frame, the daemon answering once its replay is done), as
+  GRAPHD_REPLAY_ORDER=sync does.
 - host-staged: the client's model, optimizer and tensors stay on the CPU in shared host regions;
   the daemon's CUDA graphs copy inputs and parameters to the GPU and outputs and grads back.
 
 Replay round trip: a graph of `x * 2` on a float32[4] cuda tensor, p50/p99 over --replays calls
 (after 1,000 warm-up calls, in blocks of 1,000 taken in turn): in-process CUDAGraph.replay() then
-stream synchronize; graphd fast path (Graph.replay, one REPLAY frame, through ctypes); graphd gRPC
-Replay. Each graphd call returns once the replay has finished on the device.
+stream synchronize; graphd ordered replay (Graph.replay(stream=...): REPLAY frame plus the two
+events, through ctypes) then stream synchronize, so that it too has finished on the device; the
+same without the synchronize (what a training step waits for: the launch); graphd fast path
+unordered (Graph.replay: the daemon synchronises before it answers); graphd gRPC Replay.
 
 Usage: GRAPHD_ADDRESS=unix:/path python3 bench/train_graphd.py [--steps 100]
        [--shapes 64,512,8 ...] [--no-host] [--replays 10000]
@@ -92,6 +96,8 @@ def bench(batch, width, depth, steps, host=True):
         nn.functional.mse_loss(g4(x), y).backward()
         opt4.step()
     out["graphd_resident"] = timed(step_resident, steps, sync)
+    g4._graphd_runner.host_sync = True  # the same graphs, ordered by host synchronisation
+    out["graphd_resident_sync"] = timed(step_resident, steps, sync)
     del g4, m4, opt4
 
     if not host:
@@ -146,13 +152,22 @@ def replay_bench(replays):
     gm = graphd.make_graphed_callables(Double().cuda(), (x.clone(),))
     graph = gm._graphd_runner.graph
 
+    def ordered():
+        graph.replay(0, stream=cur)
+        cur.synchronize()
+
+    def ordered_launch():
+        graph.replay(0, stream=cur)
+
     def fast():
         graph.replay(0)
 
     def rpc():
         graph.replay(0, rpc=True)
     paths = [("in-process CUDAGraph.replay()+sync", inproc),
-             ("graphd fast path (REPLAY frame)", fast), ("graphd gRPC Replay", rpc)]
+             ("graphd ordered (REPLAY+events)+sync", ordered),
+             ("graphd ordered, launch only", ordered_launch),
+             ("graphd fast path, unordered (sync'd)", fast), ("graphd gRPC Replay", rpc)]
     times = {name: [] for name, _ in paths}
     clock = time.perf_counter_ns
     for name, fn in paths:  # warm-up
@@ -179,17 +194,19 @@ def main():
     args = ap.parse_args()
     print("torch %s, %s" % (torch.__version__, torch.cuda.get_device_name(0)))
     print("training step (ms, mean over %d steps) and capture (ms)" % args.steps)
-    print("%-14s %9s %9s %10s %7s %10s %7s %9s %9s %7s %9s %7s" % (
-        "(b,w,d)", "eager", "graphed", "gd-resid", "/gr", "gd-host", "/gr",
+    print("%-14s %9s %9s %10s %7s %10s %7s %10s %7s %9s %9s %7s %9s %7s" % (
+        "(b,w,d)", "eager", "graphed", "gd-resid", "/gr", "gd-r-sync", "/gr", "gd-host", "/gr",
         "cap-inpr", "cap-res", "ratio", "cap-host", "ratio"))
     for s in args.shapes:
         b, w, d = (int(v) for v in s.split(","))
         r = bench(b, w, d, args.steps, host=not args.no_host)
         host = r.get("graphd_host", float("nan"))
         cap_host = r.get("capture_graphd", float("nan"))
-        print("%-14s %9.3f %9.3f %10.3f %6.2fx %10.3f %6.2fx %9.1f %9.1f %6.2fx %9.1f %6.2fx" % (
+        print("%-14s %9.3f %9.3f %10.3f %6.2fx %10.3f %6.2fx %10.3f %6.2fx %9.1f %9.1f %6.2fx "
+              "%9.1f %6.2fx" % (
             "(%d,%d,%d)" % (b, w, d), r["eager"], r["graphed"], r["graphd_resident"],
-            r["graphd_resident"] / r["graphed"], host, host / r["graphed"],
+            r["graphd_resident"] / r["graphed"], r["graphd_resident_sync"],
+            r["graphd_resident_sync"] / r["graphed"], host, host / r["graphed"],
             r["capture_inproc"], r["capture_resident"],
             r["capture_resident"] / r["capture_inproc"], cap_host,
             cap_host / r["capture_inproc"]), flush=True)

@@ -50,8 +50,15 @@ const gd_setting_t gd_settings[] = {
      "how long SIGTERM waits for in-flight calls before cancelling them"},
     {"inline_module_max_bytes", GD_CFG_BYTES, FIELD(inline_module_max_bytes), "4Mi", 0, 1 * GiB,
      true, "largest module archive accepted inline in a RegisterModule request"},
+    {"cpu_devices", GD_CFG_UINT, FIELD(cpu_devices), "1", 1, 8, false,
+     "logical CPU devices cpu:0..cpu:N-1, each with its own worker thread and pools (a split of "
+     "the queues, not of the cores: all share the host's cores and libtorch's intra-op "
+     "threading, whose intra_op_threads is process-wide)"},
     {"intra_op_threads", GD_CFG_UINT, FIELD(intra_op_threads), "0", 0, 1024, false,
      "libtorch intra-op threads per device worker (0: libtorch's default)"},
+    {"worker_spin_us", GD_CFG_UINT, FIELD(worker_spin_us), "50", 0, 100000, false,
+     "how long an idle device worker polls for the next job before sleeping (lower replay "
+     "latency for a core's time; 0 on hosts with fewer than 4 CPUs)"},
 };
 const size_t gd_settings_count = sizeof gd_settings / sizeof gd_settings[0];
 

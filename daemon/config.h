@@ -30,7 +30,9 @@ typedef struct gd_config {
     uint64_t attach_timeout_ms;
     uint64_t shutdown_grace_ms;
     uint64_t inline_module_max_bytes;
+    uint64_t cpu_devices;
     uint64_t intra_op_threads;
+    uint64_t worker_spin_us;
 } gd_config_t;
 
 typedef enum {

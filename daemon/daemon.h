@@ -36,6 +36,7 @@ typedef struct gd_wire gd_wire_t;
 typedef struct gd_graph gd_graph_t;
 typedef struct gd_module gd_module_t;
 typedef struct gd_gpool gd_gpool_t;
+typedef struct gd_events gd_events_t;
 
 typedef struct gd_session {
     uint64_t id;
@@ -51,6 +52,7 @@ typedef struct gd_session {
     gd_conn_t *conn; /* the attached session-socket connection, or NULL */
     uint32_t graphs, modules;
     uint64_t replays;
+    gd_events_t *events; /* per CUDA device, for ordered replays (events.c) */
     struct gd_session *next;
 } gd_session_t;
 
@@ -118,14 +120,32 @@ void gd_graphs_stop(gd_daemon_t *d);
 void gd_graphs_session_ended(gd_daemon_t *d, gd_session_t *s);
 /* A REPLAY frame from an attached session; the reply goes out on wire. */
 void gd_replay_frame(gd_daemon_t *d, gd_session_t *s, gd_wire_t *wire, const graphd_frame_t *f);
+/* The worker of a device ("cuda:0"), or NULL. */
+gd_worker_t *gd_worker_for(gd_daemon_t *d, const char *device);
 /* Whether a pool holds graphs (it cannot be deleted then), and forgetting a deleted pool. */
 void gd_graphs_pool_deleted(gd_daemon_t *d, const char *pool);
 /* Status sections for graphs and per-pool graph figures (graphd.pb-c.h types; see graphs.c). */
 struct Graphd__V1__StatusReply;
 void gd_graphs_status(gd_daemon_t *d, struct Graphd__V1__StatusReply *rep);
 void gd_graphs_status_free(struct Graphd__V1__StatusReply *rep);
+/* A pool's graph figures without latency (graphs, replays, graph mempool bytes), for ListPools;
+ * left as they are for a pool that has held no graph. */
+struct Graphd__V1__Pool;
+void gd_graphs_pool_fill(gd_daemon_t *d, struct Graphd__V1__Pool *pool);
 
-/* devices.c */
+/* events.c: CUDA IPC events that order a session's replays on a device. */
+struct gr_event;
+/* An EVENTS frame (payload: the client's event handle); the reply goes out on wire. */
+void gd_events_frame(gd_daemon_t *d, gd_session_t *s, gd_wire_t *wire, const graphd_frame_t *f,
+                     const uint8_t *payload);
+/* The session's events for device, or NULL when it sent no EVENTS for it. */
+gd_events_t *gd_events_find(const gd_session_t *s, const char *device);
+struct gr_event *gd_events_wait(const gd_events_t *ev); /* the client's */
+struct gr_event *gd_events_done(const gd_events_t *ev); /* the daemon's */
+/* Destroys the session's events, each on its device's worker after the replays queued there. */
+void gd_events_session_ended(gd_session_t *s);
+
+/* devices.c: devices[0..cpu_devices-1] are cpu:0..cpu:N-1, then come the accelerators. */
 void gd_devices_discover(gd_daemon_t *d);
 void gd_devices_refresh(gd_daemon_t *d);
 const gd_device_t *gd_device_find(const gd_daemon_t *d, const char *id);
@@ -162,5 +182,11 @@ void gd_rpc_replay(void *ctx, gd_call_t *call, const ProtobufCMessage *req);
 void gd_rpc_release_graph(void *ctx, gd_call_t *call, const ProtobufCMessage *req);
 /* Maps a pool_manager error to a gRPC status. */
 int gd_status_from_pm(int pm_err);
+/* Maps a graph_runtime error to a gRPC status. */
+int gd_status_from_gr(int gr_err);
+
+/* pm_region_tag of a device region AllocRegion made: the session's own buffer, which FreeRegion
+ * may free (a device-resident graph's region, tag 0, goes only with its graph). */
+#define GD_REGION_TAG_DEVICE_BUFFER 1u
 
 #endif

@@ -1,6 +1,8 @@
 /*
- * Device discovery. The CPU (libtorch's CPU backend) is always device cpu:0;
- * accelerator families add theirs here when they are built in.
+ * Device discovery. The CPU (libtorch's CPU backend) is always device cpu:0,
+ * split into cpu:0..cpu:N-1 by the cpu_devices setting (one worker and its own
+ * pools each, the same cores); accelerator families add theirs here when they
+ * are built in.
  */
 #include "daemon.h"
 #include "log.h"
@@ -62,9 +64,16 @@ void gd_devices_discover(gd_daemon_t *d)
     snprintf(cpu->name, sizeof cpu->name, "%s (%ld cores)", model, sysconf(_SC_NPROCESSORS_ONLN));
     cpu_memory(cpu);
     d->ndevices = 1;
+    /* The others describe the same host: same name and memory, their own id and ordinal. */
+    for (size_t i = 1; i < d->cfg.cpu_devices && i < GD_MAX_DEVICES; i++) {
+        gd_device_t *dev = &d->devices[d->ndevices++];
+        *dev = *cpu;
+        snprintf(dev->id, sizeof dev->id, "cpu:%zu", i);
+        dev->ordinal = (uint32_t)i;
+    }
 
-    gr_device_info_t acc[GD_MAX_DEVICES - 1];
-    size_t n = GD_MAX_DEVICES - 1;
+    gr_device_info_t acc[GD_MAX_DEVICES];
+    size_t n = GD_MAX_DEVICES - d->ndevices;
     if (gr_devices(&n, acc) != GR_OK) {
         gd_warn("device discovery: %s", gr_last_error());
         return;
@@ -88,10 +97,13 @@ void gd_devices_discover(gd_daemon_t *d)
 void gd_devices_refresh(gd_daemon_t *d)
 {
     cpu_memory(&d->devices[0]);
-    if (d->ndevices < 2)
+    size_t ncpu = 1;
+    for (; ncpu < d->ndevices && strcmp(d->devices[ncpu].kind, "cpu") == 0; ncpu++)
+        d->devices[ncpu].memory_free = d->devices[0].memory_free;
+    if (ncpu == d->ndevices)
         return;
-    gr_device_info_t acc[GD_MAX_DEVICES - 1];
-    size_t n = GD_MAX_DEVICES - 1;
+    gr_device_info_t acc[GD_MAX_DEVICES];
+    size_t n = GD_MAX_DEVICES;
     if (gr_devices(&n, acc) != GR_OK)
         return;
     for (size_t i = 0; i < n; i++) {

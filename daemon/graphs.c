@@ -50,20 +50,42 @@ struct gd_module {
     gd_module_t *next;
 };
 
+/*
+ * One runtime pool (graph mempool) per session of a pool. Graphs of one session share
+ * intermediates, as upstream's graphs of one pool do: that process replays them in the order it
+ * captured them. Graphs of two sessions must not: nothing orders one process's FORWARD ...
+ * BACKWARD against another's, and the other's FORWARD would overwrite, in memory the allocator
+ * handed to both captures, the activations the first saved for its BACKWARD. The daemon's pool
+ * (its name, device, limit, regions, status) is still one, and so is its stream.
+ * Only the pool's worker touches rpools (creates, counts, measures, destroys them).
+ */
+typedef struct gd_rpool {
+    uint64_t session;
+    gr_pool_t *gp;
+    uint32_t graphs; /* graphs captured in it and not yet destroyed */
+    struct gd_rpool *next;
+} gd_rpool_t;
+
 struct gd_gpool {
     char name[PM_NAME_MAX + 1];
     gd_worker_t *worker;
-    gr_pool_t *gp; /* created by the worker at the first capture */
+    gd_rpool_t *rpools; /* per session, created by the worker at the session's first capture */
     uint32_t graphs;
     bool deleted;
     gd_hist_t latency;
+    /* graph mempool bytes (gr_pool_memory), written by the worker, read by status */
+    atomic_uint_fast64_t mempool_reserved, mempool_in_use;
     gd_gpool_t *next;
 };
+
+static void gpool_measure(gd_gpool_t *p);
+static void rpools_destroy(gd_gpool_t *p);
 
 struct gd_graph {
     uint64_t id;
     uint64_t session;
     gd_gpool_t *pool;
+    gd_rpool_t *rpool; /* the session's runtime pool in it (worker-side) */
     gd_worker_t *worker;
     gr_graph_t *g;
     void *base; /* the graph's own mapping of its region */
@@ -98,12 +120,22 @@ static int status_from_gr(int err)
     }
 }
 
+int gd_status_from_gr(int gr_err)
+{
+    return status_from_gr(gr_err);
+}
+
 static gd_worker_t *worker_for(gd_daemon_t *d, const char *device)
 {
     for (size_t i = 0; i < d->nworkers; i++)
         if (strcmp(d->workers[i].device, device) == 0)
             return &d->workers[i];
     return NULL;
+}
+
+gd_worker_t *gd_worker_for(gd_daemon_t *d, const char *device)
+{
+    return worker_for(d, device);
 }
 
 /* ---- device memory ----------------------------------------------------- */
@@ -151,13 +183,14 @@ static void device_free_hook(void *ctx, const char *device, void *ptr, uint64_t 
 int gd_graphs_start(gd_daemon_t *d)
 {
     pm_manager_set_device_free(d->pools, device_free_hook, d);
-    if (gr_runtime_init((int)d->cfg.intra_op_threads) != GR_OK) {
+    if (gr_runtime_init((int)d->cfg.intra_op_threads) != GR_OK ||
+        gr_cpu_devices((int)d->cfg.cpu_devices) != GR_OK) {
         gd_error("graph runtime: %s", gr_last_error());
         return -1;
     }
     gd_info("graph runtime: libtorch %s", gr_runtime_torch_version());
     for (size_t i = 0; i < d->ndevices; i++) {
-        if (gd_worker_start(&d->workers[i], d->loop, d->devices[i].id) != 0)
+        if (gd_worker_start(&d->workers[i], d->loop, d->devices[i].id, d->cfg.worker_spin_us) != 0)
             return -1;
         d->nworkers++;
     }
@@ -185,8 +218,7 @@ void gd_graphs_stop(gd_daemon_t *d)
     while (d->gpools) {
         gd_gpool_t *p = d->gpools;
         d->gpools = p->next;
-        if (p->gp && gr_pool_destroy(p->gp) != GR_OK)
-            gd_warn("pool %s: %s", p->name, gr_last_error());
+        rpools_destroy(p);
         free(p);
     }
     while (d->modules) {
@@ -195,6 +227,60 @@ void gd_graphs_stop(gd_daemon_t *d)
         gr_module_release(m->m);
         free(m);
     }
+}
+
+/* Destroys every runtime pool of p (its graphs are gone); on p's worker, or after it stopped. */
+static void rpools_destroy(gd_gpool_t *p)
+{
+    while (p->rpools) {
+        gd_rpool_t *r = p->rpools;
+        p->rpools = r->next;
+        if (gr_pool_destroy(r->gp) != GR_OK)
+            gd_warn("pool %s: %s", p->name, gr_last_error());
+        free(r);
+    }
+}
+
+/* The session's runtime pool in p, created on first use; on p's worker. GR_OK, or an error with
+ * its message in msg. */
+static int rpool_get(gd_gpool_t *p, uint64_t session, gd_rpool_t **out, char *msg, size_t len)
+{
+    for (gd_rpool_t *r = p->rpools; r; r = r->next)
+        if (r->session == session) {
+            *out = r;
+            return GR_OK;
+        }
+    gd_rpool_t *r = calloc(1, sizeof *r);
+    if (r == NULL) {
+        snprintf(msg, len, "out of memory");
+        return GR_ENOMEM;
+    }
+    int rc = gr_pool_create(p->worker->device, &r->gp);
+    if (rc != GR_OK) {
+        snprintf(msg, len, "%s", gr_last_error());
+        free(r);
+        return rc;
+    }
+    r->session = session;
+    r->next = p->rpools;
+    p->rpools = r;
+    *out = r;
+    return GR_OK;
+}
+
+/* A graph of r was destroyed; the last one takes the session's graph mempool with it, unless a
+ * capture of the session holds the runtime pool (gr_pool_destroy refuses: GR_EBUSY), in which
+ * case it stays for that capture's graphs. On the worker. */
+static void rpool_graph_gone(gd_gpool_t *p, gd_rpool_t *r)
+{
+    if (r == NULL || --r->graphs > 0 || gr_pool_destroy(r->gp) != GR_OK)
+        return;
+    gd_rpool_t **pp = &p->rpools;
+    while (*pp && *pp != r)
+        pp = &(*pp)->next;
+    if (*pp)
+        *pp = r->next;
+    free(r);
 }
 
 static gd_gpool_t *gpool_get(gd_daemon_t *d, const char *name, gd_worker_t *w)
@@ -231,9 +317,7 @@ typedef struct {
 static void gpool_destroy_run(gd_job_t *job)
 {
     gpool_job_t *j = (gpool_job_t *)job;
-    if (j->pool->gp && gr_pool_destroy(j->pool->gp) != GR_OK)
-        gd_warn("pool %s: %s", j->pool->name, gr_last_error());
-    j->pool->gp = NULL;
+    rpools_destroy(j->pool);
 }
 
 static void gpool_destroy_done(gd_job_t *job)
@@ -285,6 +369,8 @@ static void graph_destroy_run(gd_job_t *job)
     if (j->graph->g)
         gr_graph_destroy(j->graph->g);
     j->graph->g = NULL;
+    rpool_graph_gone(j->graph->pool, j->graph->rpool);
+    gpool_measure(j->graph->pool);
 }
 
 static void graph_destroy_done(gd_job_t *job)
@@ -585,6 +671,7 @@ typedef struct {
     gd_call_t *call;
     uint64_t session;
     gd_gpool_t *pool;
+    gd_rpool_t *rpool; /* set on the worker in step 1 */
     size_t n;
     gd_module_t *mods[MAX_CALLABLES];
     gr_callable_spec_t specs[MAX_CALLABLES];
@@ -593,7 +680,9 @@ typedef struct {
     gr_capture_t *cap;
     int rc;
     char msg[1024];
-    uint64_t t0;
+    /* gd_now_ns() at each step's start and end, for the capture's log line: where its time goes
+     * (the gaps between them are waits in the worker's queue and the loop's) */
+    uint64_t t0, prepare_start, prepare_end, regions_start, regions_end, finish_start, finish_end;
     /* filled on the loop between the two steps */
     uint64_t region_ids[MAX_CALLABLES];
     void *bases[MAX_CALLABLES];
@@ -684,10 +773,20 @@ static void fill_desc(Graphd__V1__TensorDesc *t, const gr_tensor_desc_t *g, uint
 static void capture_finish_run(gd_job_t *job)
 {
     capture_op_t *op = (capture_op_t *)job;
+    op->finish_start = gd_now_ns();
     op->rc = gr_capture_finish(op->cap, op->bases, op->graphs);
     op->cap = NULL; /* consumed either way */
+    if (op->rc == GR_OK)
+        op->rpool->graphs += (uint32_t)op->n;
+    gpool_measure(op->pool);
     if (op->rc != GR_OK)
         snprintf(op->msg, sizeof op->msg, "%s", gr_last_error());
+    op->finish_end = gd_now_ns();
+}
+
+static double ms_between(uint64_t from, uint64_t to)
+{
+    return (double)(to - from) / 1e6;
 }
 
 static void capture_finish_done(gd_job_t *job)
@@ -712,6 +811,7 @@ static void capture_finish_done(gd_job_t *job)
         g->id = ++d->next_graph_id;
         g->session = op->session;
         g->pool = op->pool;
+        g->rpool = op->rpool;
         g->worker = op->pool->worker;
         g->g = op->graphs[i];
         g->base = op->opts.resident ? NULL : op->bases[i]; /* device memory: its region's */
@@ -735,9 +835,15 @@ static void capture_finish_done(gd_job_t *job)
         return;
     }
     uint64_t ns = gd_now_ns() - op->t0;
-    gd_info("session %llu: captured %zu graph%s in pool %s (%.1f ms)",
+    double steps_ms = ms_between(op->prepare_start, op->prepare_end) +
+                      ms_between(op->regions_start, op->regions_end) +
+                      ms_between(op->finish_start, op->finish_end);
+    gd_info("session %llu: captured %zu graph%s in pool %s (%.1f ms: prepare %.1f ms, regions "
+            "%.1f ms, finish %.1f ms, queued %.1f ms)",
             (unsigned long long)op->session, op->n, op->n == 1 ? "" : "s", op->pool->name,
-            (double)ns / 1e6);
+            (double)ns / 1e6, ms_between(op->prepare_start, op->prepare_end),
+            ms_between(op->regions_start, op->regions_end),
+            ms_between(op->finish_start, op->finish_end), (double)ns / 1e6 - steps_ms);
 
     Graphd__V1__CaptureReply rep = GRAPHD__V1__CAPTURE_REPLY__INIT;
     Graphd__V1__GraphInfo infos[MAX_CALLABLES], *info_list[MAX_CALLABLES];
@@ -801,6 +907,7 @@ static void capture_prepare_done(gd_job_t *job)
 {
     capture_op_t *op = (capture_op_t *)job;
     gd_daemon_t *d = op->d;
+    op->regions_start = gd_now_ns();
     if (op->rc != GR_OK) {
         gd_call_fail(op->call, status_from_gr(op->rc), "%s", op->msg);
         capture_op_free(d, op);
@@ -865,22 +972,20 @@ static void capture_prepare_done(gd_job_t *job)
         }
         op->bases[i] = base;
     }
+    op->regions_end = gd_now_ns();
     op->job.run = capture_finish_run;
     op->job.done = capture_finish_done;
     gd_worker_submit(op->pool->worker, &op->job);
 }
 
-static void capture_prepare_run(gd_job_t *job)
+/* Step 1, on the worker: the runtime pool at its first capture, gr_capture_prepare, and for a
+ * device-resident capture the static blocks. */
+static void prepare_on_worker(capture_op_t *op)
 {
-    capture_op_t *op = (capture_op_t *)job;
-    if (op->pool->gp == NULL) {
-        op->rc = gr_pool_create(op->pool->worker->device, &op->pool->gp);
-        if (op->rc != GR_OK) {
-            snprintf(op->msg, sizeof op->msg, "%s", gr_last_error());
-            return;
-        }
-    }
-    op->opts.pool = op->pool->gp;
+    op->rc = rpool_get(op->pool, op->session, &op->rpool, op->msg, sizeof op->msg);
+    if (op->rc != GR_OK)
+        return;
+    op->opts.pool = op->rpool->gp;
     op->rc = gr_capture_prepare(op->pool->worker->device, op->n, op->specs, &op->opts, &op->cap);
     if (op->rc != GR_OK) {
         snprintf(op->msg, sizeof op->msg, "%s", gr_last_error());
@@ -906,6 +1011,14 @@ static void capture_prepare_run(gd_job_t *job)
             return;
         }
     }
+}
+
+static void capture_prepare_run(gd_job_t *job)
+{
+    capture_op_t *op = (capture_op_t *)job;
+    op->prepare_start = gd_now_ns();
+    prepare_on_worker(op);
+    op->prepare_end = gd_now_ns();
 }
 
 /* Checks one sample-arg spec; on failure finishes the call. */
@@ -1060,6 +1173,7 @@ typedef struct {
     /* session-socket replays */
     gd_wire_t *wire;
     uint64_t seq;
+    gr_event_t *wait, *done; /* ordered replays (GRAPHD_REPLAY_ORDERED), else NULL */
     /* gRPC replays */
     gd_call_t *call;
     int rc;
@@ -1084,7 +1198,9 @@ static void replay_account(replay_job_t *j)
 static void replay_frame_run(gd_job_t *job)
 {
     replay_job_t *j = (replay_job_t *)job;
-    j->rc = gr_graph_replay(j->graph->g, j->phase, &j->device_ns);
+    j->rc = j->wait != NULL
+                ? gr_graph_replay_ordered(j->graph->g, j->phase, j->wait, j->done, &j->device_ns)
+                : gr_graph_replay(j->graph->g, j->phase, &j->device_ns);
     graphd_frame_t f = {.magic = GRAPHD_FRAME_MAGIC,
                         .version = GRAPHD_FRAME_VERSION,
                         .type = GRAPHD_FRAME_REPLAY | GRAPHD_FRAME_REPLY,
@@ -1146,7 +1262,22 @@ void gd_replay_frame(gd_daemon_t *d, gd_session_t *s, gd_wire_t *wire, const gra
     uint64_t t0 = gd_now_ns();
     gd_graph_t *g = NULL;
     char msg[256];
-    int st = replay_target(d, s, f->id, f->arg, &g, msg, sizeof msg);
+    uint64_t phase = f->arg & GRAPHD_REPLAY_PHASE_MASK;
+    gd_events_t *ev = NULL;
+    int st = replay_target(d, s, f->id, phase, &g, msg, sizeof msg);
+    if (st == GD_OK && (f->arg & ~(uint64_t)(GRAPHD_REPLAY_PHASE_MASK | GRAPHD_REPLAY_ORDERED))) {
+        st = GD_INVALID_ARGUMENT;
+        snprintf(msg, sizeof msg, "unknown REPLAY flags 0x%llx",
+                 (unsigned long long)(f->arg & ~(uint64_t)GRAPHD_REPLAY_PHASE_MASK));
+    } else if (st == GD_OK && (f->arg & GRAPHD_REPLAY_ORDERED)) {
+        ev = gd_events_find(s, g->worker->device);
+        if (ev == NULL) {
+            st = GD_FAILED_PRECONDITION;
+            snprintf(msg, sizeof msg,
+                     "an ordered REPLAY needs the session's events for %s (EVENTS frame) first",
+                     g->worker->device);
+        }
+    }
     replay_job_t *j = st == GD_OK ? malloc(sizeof *j) : NULL;
     if (st == GD_OK && j == NULL) {
         st = GD_INTERNAL;
@@ -1165,7 +1296,9 @@ void gd_replay_frame(gd_daemon_t *d, gd_session_t *s, gd_wire_t *wire, const gra
     j->job.run = replay_frame_run;
     j->job.done = NULL;
     j->graph = g;
-    j->phase = (int)f->arg;
+    j->phase = (int)phase;
+    j->wait = ev ? gd_events_wait(ev) : NULL;
+    j->done = ev ? gd_events_done(ev) : NULL;
     j->t0 = t0;
     j->seq = f->seq;
     j->call = NULL;
@@ -1229,6 +1362,38 @@ void gd_rpc_release_graph(void *ctx, gd_call_t *call, const ProtobufCMessage *ms
 
 /* ---- status ------------------------------------------------------------ */
 
+/* On the pool's worker, after a capture and after a graph destroy (the times the graph mempool
+ * grows or shrinks): measures it into the atomics that status reads. Status never asks the
+ * runtime itself: the allocator snapshot takes the allocator's locks and walks its segments
+ * (milliseconds on a busy device), and the loop thread must not wait on libtorch or a device;
+ * on the worker it also never runs beside a capture of that device. */
+static void gpool_measure(gd_gpool_t *p)
+{
+    uint64_t reserved = 0, in_use = 0;
+    for (gd_rpool_t *r = p->rpools; r; r = r->next) {
+        uint64_t res = 0, use = 0;
+        if (gr_pool_memory(r->gp, &res, &use) != GR_OK) {
+            gd_debug("pool %s: graph mempool size unknown: %s", p->name, gr_last_error());
+            continue;
+        }
+        reserved += res;
+        in_use += use;
+    }
+    atomic_store(&p->mempool_reserved, reserved);
+    atomic_store(&p->mempool_in_use, in_use);
+}
+
+void gd_graphs_pool_fill(gd_daemon_t *d, Graphd__V1__Pool *pool)
+{
+    gd_gpool_t *gp = gpool_find(d, pool->name);
+    if (gp == NULL)
+        return;
+    pool->graphs = gp->graphs;
+    pool->replays = gd_hist_count(&gp->latency);
+    pool->graph_mempool_reserved_bytes = atomic_load(&gp->mempool_reserved);
+    pool->graph_mempool_in_use_bytes = atomic_load(&gp->mempool_in_use);
+}
+
 static void fill_latency(Graphd__V1__LatencyStatus *l, const gd_hist_t *h)
 {
     graphd__v1__latency_status__init(l);
@@ -1286,13 +1451,11 @@ void gd_graphs_status(gd_daemon_t *d, Graphd__V1__StatusReply *rep)
         Graphd__V1__Pool *pool = rep->pools[p];
         gd_gpool_t *gp = gpool_find(d, pool->name);
         Graphd__V1__LatencyStatus *l = &st->lat[ng + p];
-        if (gp) {
-            pool->graphs = gp->graphs;
-            pool->replays = gd_hist_count(&gp->latency);
+        gd_graphs_pool_fill(d, pool);
+        if (gp)
             fill_latency(l, &gp->latency);
-        } else {
+        else
             graphd__v1__latency_status__init(l);
-        }
         pool->latency = l;
     }
     for (size_t k = 0; k < rep->n_sessions; k++) {

@@ -7,6 +7,7 @@
 #include "daemon.h"
 #include "graphd.pb-c.h"
 #include "log.h"
+#include "runtime.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -250,8 +251,151 @@ static void list_pools(void *ctx, gd_call_t *call, const ProtobufCMessage *msg)
     (void)msg;
     Graphd__V1__ListPoolsReply rep = GRAPHD__V1__LIST_POOLS_REPLY__INIT;
     rep.pools = make_pools(d, &rep.n_pools);
+    for (size_t i = 0; i < rep.n_pools; i++)
+        gd_graphs_pool_fill(d, rep.pools[i]);
     gd_call_reply(call, &rep.base);
     free_pools(rep.pools, rep.n_pools);
+}
+
+/* Fails an AllocRegion whose pool refused rc for size bytes. */
+static void alloc_fail(gd_call_t *call, pm_pool_t *p, int rc, uint64_t size)
+{
+    pm_pool_info_t info;
+    pm_pool_info(p, &info);
+    if (rc == PM_ELIMIT)
+        gd_call_fail(call, GD_RESOURCE_EXHAUSTED,
+                     "pool '%s' limit %llu bytes: %llu reserved, %llu more asked for", info.name,
+                     (unsigned long long)info.limit_bytes, (unsigned long long)info.reserved_bytes,
+                     (unsigned long long)size);
+    else if (rc == PM_ESYS)
+        gd_call_fail(call, GD_RESOURCE_EXHAUSTED, "cannot allocate %llu bytes of shared memory",
+                     (unsigned long long)size);
+    else
+        gd_call_fail(call, gd_status_from_pm(rc), "cannot allocate region: %s", pm_strerror(rc));
+}
+
+static void alloc_reply(gd_call_t *call, const pm_region_t *r)
+{
+    pm_pool_info_t info;
+    pm_pool_info(pm_region_pool(r), &info);
+    Graphd__V1__AllocRegionReply rep = GRAPHD__V1__ALLOC_REGION_REPLY__INIT;
+    rep.region_id = pm_region_id(r);
+    rep.size = pm_region_size(r);
+    /* A device region maps (cudaIpcOpenMemHandle) exactly the block: the MAP reply's size. */
+    rep.mapped_size = pm_region_is_device(r) ? pm_region_size(r) : pm_region_mapped_size(r);
+    rep.pool = (char *)info.name;
+    rep.device = (char *)info.device;
+    gd_call_reply(call, &rep.base);
+}
+
+/* AllocRegion with device: the block is allocated on the device's worker, behind the work queued
+ * there (gr_device_alloc: cudaMalloc, exported with CUDA IPC), and registered on the loop, where
+ * the pool's limit is checked again (it was checked first so that a refused region costs no
+ * cudaMalloc). A block no region took is freed on the worker. */
+typedef struct {
+    gd_job_t job;
+    gd_daemon_t *d;
+    gd_call_t *call;
+    gd_worker_t *worker;
+    uint64_t session;
+    char pool[PM_NAME_MAX + 1];
+    uint64_t size;
+    void *ptr;
+    uint8_t handle[GR_IPC_HANDLE_SIZE];
+    int rc;
+    char msg[512];
+} devregion_op_t;
+
+static void devregion_free_run(gd_job_t *job)
+{
+    devregion_op_t *op = (devregion_op_t *)job;
+    if (op->ptr != NULL && gr_device_free(op->worker->device, op->ptr) != GR_OK)
+        gd_warn("freeing device memory on %s: %s", op->worker->device, gr_last_error());
+    free(op);
+}
+
+static void devregion_alloc_run(gd_job_t *job)
+{
+    devregion_op_t *op = (devregion_op_t *)job;
+    op->rc = gr_device_alloc(op->worker->device, op->size, &op->ptr, op->handle);
+    if (op->rc != GR_OK) {
+        op->ptr = NULL;
+        snprintf(op->msg, sizeof op->msg, "%s", gr_last_error());
+    }
+}
+
+static void devregion_alloc_done(gd_job_t *job)
+{
+    devregion_op_t *op = (devregion_op_t *)job;
+    gd_daemon_t *d = op->d;
+    if (op->rc != GR_OK) {
+        gd_call_fail(op->call, gd_status_from_gr(op->rc), "device memory on %s: %s",
+                     op->worker->device, op->msg);
+        free(op);
+        return;
+    }
+    gd_session_t *s = gd_session_find(d, op->session);
+    pm_pool_t *p = pm_pool_find(d->pools, op->pool);
+    pm_region_t *r = NULL;
+    if (s == NULL || p == NULL)
+        gd_call_fail(op->call, GD_NOT_FOUND, "%s during the allocation",
+                     s ? "the pool was deleted" : "the session ended");
+    else {
+        int rc = pm_region_alloc_device(p, s->id, op->size, op->ptr, op->handle, &r);
+        if (rc != PM_OK)
+            alloc_fail(op->call, p, rc, op->size);
+    }
+    if (r == NULL) { /* the block is still ours: free it behind whatever the worker holds */
+        op->job.run = devregion_free_run;
+        op->job.done = NULL;
+        gd_worker_submit(op->worker, &op->job);
+        return;
+    }
+    pm_region_set_tag(r, GD_REGION_TAG_DEVICE_BUFFER);
+    gd_debug("session %llu: device region %llu (%llu bytes) in pool %s", (unsigned long long)s->id,
+             (unsigned long long)pm_region_id(r), (unsigned long long)op->size, op->pool);
+    alloc_reply(op->call, r);
+    free(op);
+}
+
+static void alloc_device_region(gd_daemon_t *d, gd_call_t *call, gd_session_t *s, pm_pool_t *p,
+                                uint64_t size)
+{
+    pm_pool_info_t info;
+    pm_pool_info(p, &info);
+    if (strncmp(info.device, "cuda:", 5) != 0) {
+        gd_call_fail(call, GD_INVALID_ARGUMENT,
+                     "device memory needs a pool on a cuda device; pool '%s' is on %s", info.name,
+                     info.device);
+        return;
+    }
+    gd_worker_t *w = gd_worker_for(d, info.device);
+    if (w == NULL) {
+        gd_call_fail(call, GD_FAILED_PRECONDITION, "pool '%s' is on %s, which has no worker",
+                     info.name, info.device);
+        return;
+    }
+    uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
+    uint64_t rounded = (size + page - 1) / page * page;
+    if (info.limit_bytes != 0 && (info.reserved_bytes > info.limit_bytes ||
+                                  rounded > info.limit_bytes - info.reserved_bytes)) {
+        alloc_fail(call, p, PM_ELIMIT, size);
+        return;
+    }
+    devregion_op_t *op = calloc(1, sizeof *op);
+    if (op == NULL) {
+        gd_call_fail(call, GD_INTERNAL, "out of memory");
+        return;
+    }
+    op->job.run = devregion_alloc_run;
+    op->job.done = devregion_alloc_done;
+    op->d = d;
+    op->call = call;
+    op->worker = w;
+    op->session = s->id;
+    snprintf(op->pool, sizeof op->pool, "%s", info.name);
+    op->size = size;
+    gd_worker_submit(w, &op->job);
 }
 
 static void alloc_region(void *ctx, gd_call_t *call, const ProtobufCMessage *msg)
@@ -282,32 +426,19 @@ static void alloc_region(void *ctx, gd_call_t *call, const ProtobufCMessage *msg
                      (unsigned long long)req->size, (unsigned long long)d->cfg.max_region_bytes);
         return;
     }
+    if (req->device) {
+        alloc_device_region(d, call, s, p, req->size);
+        return;
+    }
     pm_region_t *r = NULL;
     int rc = pm_region_alloc(p, s->id, req->size, &r);
     if (rc != PM_OK) {
-        pm_pool_info_t info;
-        pm_pool_info(p, &info);
-        if (rc == PM_ELIMIT)
-            gd_call_fail(call, GD_RESOURCE_EXHAUSTED,
-                         "pool '%s' limit %llu bytes: %llu reserved, %llu more asked for", name,
-                         (unsigned long long)info.limit_bytes,
-                         (unsigned long long)info.reserved_bytes, (unsigned long long)req->size);
-        else if (rc == PM_ESYS)
-            gd_call_fail(call, GD_RESOURCE_EXHAUSTED, "cannot allocate %llu bytes of shared memory",
-                         (unsigned long long)req->size);
-        else
-            gd_call_fail(call, gd_status_from_pm(rc), "cannot allocate region: %s",
-                         pm_strerror(rc));
+        alloc_fail(call, p, rc, req->size);
         return;
     }
     gd_debug("session %llu: region %llu (%llu bytes) in pool %s", (unsigned long long)s->id,
              (unsigned long long)pm_region_id(r), (unsigned long long)req->size, name);
-    Graphd__V1__AllocRegionReply rep = GRAPHD__V1__ALLOC_REGION_REPLY__INIT;
-    rep.region_id = pm_region_id(r);
-    rep.size = pm_region_size(r);
-    rep.mapped_size = pm_region_mapped_size(r);
-    rep.pool = (char *)name;
-    gd_call_reply(call, &rep.base);
+    alloc_reply(call, r);
 }
 
 static void free_region(void *ctx, gd_call_t *call, const ProtobufCMessage *msg)
@@ -318,7 +449,8 @@ static void free_region(void *ctx, gd_call_t *call, const ProtobufCMessage *msg)
     if (s == NULL)
         return;
     pm_region_t *dr = pm_region_find(d->pools, req->region_id);
-    if (dr != NULL && pm_region_owner(dr) == s->id && pm_region_is_device(dr)) {
+    if (dr != NULL && pm_region_owner(dr) == s->id && pm_region_is_device(dr) &&
+        pm_region_tag(dr) != GD_REGION_TAG_DEVICE_BUFFER) {
         /* Its graph replays over it: the memory goes with the graph (ReleaseGraph). */
         gd_call_fail(call, GD_FAILED_PRECONDITION,
                      "region %llu holds a graph's static tensors in device memory; release the "

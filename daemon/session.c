@@ -142,11 +142,17 @@ static void on_map(gd_conn_t *c, const graphd_frame_t *f)
         conn_close(c);
 }
 
-/* Handles one frame; returns false once the connection is closing. */
-static bool on_frame(gd_conn_t *c, const uint8_t *bytes)
+/* The message bytes a request frame may carry: the client's event handle in EVENTS, nothing in
+ * any other. */
+static uint32_t request_msg_len(const graphd_frame_t *f)
 {
-    graphd_frame_t f;
-    graphd_frame_decode(bytes, &f);
+    return f->type == GRAPHD_FRAME_EVENTS ? GRAPHD_IPC_HANDLE_SIZE : 0;
+}
+
+/* Handles one frame (payload: its msg_len bytes); returns false once the connection is closing. */
+static bool on_frame(gd_conn_t *c, const graphd_frame_t *fp, const uint8_t *payload)
+{
+    graphd_frame_t f = *fp;
     char msg[128];
     if (f.magic != GRAPHD_FRAME_MAGIC) {
         snprintf(msg, sizeof msg, "bad frame magic 0x%08x", f.magic);
@@ -158,8 +164,10 @@ static bool on_frame(gd_conn_t *c, const uint8_t *bytes)
         protocol_error(c, f.seq, msg);
         return false;
     }
-    if (f.msg_len != 0) {
-        protocol_error(c, f.seq, "requests carry no message text");
+    if (f.msg_len != request_msg_len(&f)) {
+        snprintf(msg, sizeof msg, "a type 0x%04x request carries %u message bytes, not %u", f.type,
+                 request_msg_len(&f), f.msg_len);
+        protocol_error(c, f.seq, msg);
         return false;
     }
     if (f.type != GRAPHD_FRAME_ATTACH && c->session == NULL) {
@@ -175,6 +183,9 @@ static bool on_frame(gd_conn_t *c, const uint8_t *bytes)
         break;
     case GRAPHD_FRAME_REPLAY:
         gd_replay_frame(c->d, c->session, c->wire, &f);
+        break;
+    case GRAPHD_FRAME_EVENTS:
+        gd_events_frame(c->d, c->session, c->wire, &f, payload);
         break;
     default:
         snprintf(msg, sizeof msg, "unknown frame type 0x%04x", f.type);
@@ -215,9 +226,18 @@ static void on_read(uv_stream_t *stream, ssize_t nread, const uv_buf_t *buf)
     c->len += (size_t)nread;
     size_t off = 0;
     while (c->len - off >= GRAPHD_FRAME_SIZE) {
-        if (!on_frame(c, c->buf + off))
+        graphd_frame_t f;
+        graphd_frame_decode(c->buf + off, &f);
+        /* A frame whose msg_len is wrong for its type is refused by on_frame before its message
+         * is awaited, so a bad length cannot stall the connection. */
+        size_t need = GRAPHD_FRAME_SIZE;
+        if (f.magic == GRAPHD_FRAME_MAGIC && f.msg_len == request_msg_len(&f))
+            need += f.msg_len;
+        if (c->len - off < need)
+            break;
+        if (!on_frame(c, &f, c->buf + off + GRAPHD_FRAME_SIZE))
             return;
-        off += GRAPHD_FRAME_SIZE;
+        off += need;
     }
     memmove(c->buf, c->buf + off, c->len - off);
     c->len -= off;
@@ -412,6 +432,7 @@ void gd_session_end(gd_daemon_t *d, gd_session_t *s, const char *why)
     *pp = s->next;
     d->nsessions--;
     gd_graphs_session_ended(d, s);
+    gd_events_session_ended(s);
     pm_usage_t freed = {0, 0};
     pm_reclaim_owner(d->pools, s->id, &freed);
     gd_info("session %llu (%s) ended: %s; reclaimed %u regions, %llu bytes",

@@ -4,6 +4,32 @@
 
 #include <stdio.h>
 #include <string.h>
+#include <sys/sysinfo.h>
+#include <time.h>
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* Polls for a job submitted after seen, for at most w->spin_ns; called without the lock. */
+static void spin_for_work(gd_worker_t *w, uint_fast64_t seen)
+{
+    if (w->spin_ns == 0)
+        return;
+    uint64_t until = now_ns() + w->spin_ns;
+    do {
+        for (int i = 0; i < 64; i++) {
+            if (atomic_load_explicit(&w->submitted, memory_order_acquire) != seen)
+                return;
+#if defined(__x86_64__) || defined(__i386__)
+            __builtin_ia32_pause();
+#endif
+        }
+    } while (now_ns() < until);
+}
 
 static void *worker_main(void *arg)
 {
@@ -13,6 +39,12 @@ static void *worker_main(void *arg)
     pthread_setname_np(pthread_self(), name);
     pthread_mutex_lock(&w->lock);
     for (;;) {
+        if (w->head == NULL && !w->stopping && w->spin_ns > 0) {
+            uint_fast64_t seen = atomic_load_explicit(&w->submitted, memory_order_relaxed);
+            pthread_mutex_unlock(&w->lock);
+            spin_for_work(w, seen);
+            pthread_mutex_lock(&w->lock);
+        }
         while (w->head == NULL && !w->stopping)
             pthread_cond_wait(&w->cond, &w->lock);
         if (w->head == NULL && w->stopping)
@@ -55,10 +87,14 @@ static void on_done(uv_async_t *h)
     }
 }
 
-int gd_worker_start(gd_worker_t *w, uv_loop_t *loop, const char *device)
+int gd_worker_start(gd_worker_t *w, uv_loop_t *loop, const char *device, uint64_t spin_us)
 {
     memset(w, 0, sizeof *w);
     snprintf(w->device, sizeof w->device, "%s", device);
+    /* With fewer than 4 CPUs a polling worker takes the core that the loop thread or the client
+     * needs to produce the next job, and polling would slow replays down instead. */
+    w->spin_ns = get_nprocs() >= 4 ? spin_us * 1000u : 0;
+    atomic_init(&w->submitted, 0);
     pthread_mutex_init(&w->lock, NULL);
     pthread_cond_init(&w->cond, NULL);
     uv_async_init(loop, &w->async, on_done);
@@ -80,6 +116,7 @@ void gd_worker_submit(gd_worker_t *w, gd_job_t *job)
     else
         w->head = job;
     w->tail = job;
+    atomic_fetch_add_explicit(&w->submitted, 1, memory_order_release);
     pthread_cond_signal(&w->cond);
     pthread_mutex_unlock(&w->lock);
 }

@@ -1,13 +1,17 @@
 /*
  * Device workers: one thread per device runs every load, capture and replay
- * for that device, in submission order (which is what lets graphs of one pool
- * share intermediates). Jobs come from the loop through a mutex-protected
- * queue; a job's done callback runs back on the loop, woken by a uv_async_t.
+ * for that device, in submission order (which is what lets the graphs one
+ * session captured in a pool share intermediates). Jobs come from the loop through a
+ * mutex-protected queue; a job's done callback runs back on the loop, woken by a uv_async_t. An
+ * idle worker polls a counter of submitted jobs for a short while before it sleeps on the condition
+ * variable: in a training loop the next REPLAY comes within tens of microseconds, and a futex
+ * wake-up costs about as much.
  */
 #ifndef GD_WORKER_H
 #define GD_WORKER_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <uv.h>
@@ -27,11 +31,14 @@ typedef struct gd_worker {
     gd_job_t *head, *tail;           /* to run */
     gd_job_t *done_head, *done_tail; /* ran, waiting for their done callback */
     bool stopping;
+    atomic_uint_fast64_t submitted; /* jobs ever queued: what an idle worker polls */
+    uint64_t spin_ns;               /* how long an idle worker polls before sleeping */
     uv_async_t async;
 } gd_worker_t;
 
-/* Starts the thread. 0 or -1 (logged). */
-int gd_worker_start(gd_worker_t *w, uv_loop_t *loop, const char *device);
+/* Starts the thread; an idle worker polls for spin_us before it sleeps on the queue (0: never
+ * polls). 0 or -1 (logged). */
+int gd_worker_start(gd_worker_t *w, uv_loop_t *loop, const char *device, uint64_t spin_us);
 /* Queues a job; safe from the loop thread only. */
 void gd_worker_submit(gd_worker_t *w, gd_job_t *job);
 /* Runs the jobs already queued, then stops and joins the thread and closes the async handle. */

@@ -1,5 +1,6 @@
 /*
- * graph_runtime device memory for device-resident captures: gr_device_alloc / gr_device_free.
+ * graph_runtime device memory for device-resident captures (gr_device_alloc / gr_device_free)
+ * and the interprocess events that order replays against a client's stream (gr_event_*).
  * Plain cudaMalloc (never libtorch's caching allocator: a block carved out of a larger cached
  * segment could not be exported at offset 0, and would outlive our free) and a CUDA IPC handle
  * for the client. Without the CUDA family (the CPU build) both are GR_EUNSUPPORTED.
@@ -9,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <new>
 
 #ifdef GR_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -129,4 +131,124 @@ extern "C" int gr_device_free(const char *device, void *ptr)
     return gr__set_errorf(GR_EUNSUPPORTED, "gr_device_free: the CUDA family is not built into "
                                            "this graph_runtime");
 #endif
+}
+
+/* ---- interprocess events -------------------------------------------------------------------- */
+
+namespace
+{
+
+/* The CUDA index of device for fn into *index: GR_OK, or the error (set). */
+int event_device(const char *fn, const char *device, int *index)
+{
+    *index = cuda_index(device);
+    if (*index < 0)
+        return gr__set_errorf(GR_EINVAL, "%s: '%s' is not a CUDA device", fn,
+                              device ? device : "(null)");
+#ifdef GR_HAVE_CUDA
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess || *index >= count) {
+        (void)cudaGetLastError();
+        return gr__set_errorf(GR_ENOTFOUND, "%s: no device %s", fn, device);
+    }
+    return GR_OK;
+#else
+    return gr__set_errorf(GR_EUNSUPPORTED,
+                          "%s: the CUDA family is not built into this graph_runtime", fn);
+#endif
+}
+
+} // namespace
+
+extern "C" int gr_event_create(const char *device, gr_event_t **out,
+                               uint8_t handle[GR_IPC_HANDLE_SIZE])
+{
+    if (out != nullptr)
+        *out = nullptr;
+    if (handle == nullptr || out == nullptr)
+        return gr__set_error(GR_EINVAL, "gr_event_create: NULL argument");
+    int index = -1;
+    int rc = event_device("gr_event_create", device, &index);
+    if (rc != GR_OK)
+        return rc;
+#ifdef GR_HAVE_CUDA
+    static_assert(sizeof(cudaIpcEventHandle_t) == GR_IPC_HANDLE_SIZE, "IPC handle size");
+    DeviceScope scope(index);
+    if (scope.err != cudaSuccess)
+        return cuda_fail(scope.err, "cudaSetDevice", device);
+    cudaEvent_t ev = nullptr;
+    cudaError_t err = cudaEventCreateWithFlags(&ev, cudaEventInterprocess | cudaEventDisableTiming);
+    if (err != cudaSuccess)
+        return cuda_fail(err, "cudaEventCreateWithFlags", device);
+    cudaIpcEventHandle_t h;
+    err = cudaIpcGetEventHandle(&h, ev);
+    if (err != cudaSuccess) {
+        int rc = cuda_fail(err, "cudaIpcGetEventHandle", device);
+        (void)cudaEventDestroy(ev);
+        return rc;
+    }
+    auto *e = new (std::nothrow) gr_event_t{index, ev, 0};
+    if (e == nullptr) {
+        (void)cudaEventDestroy(ev);
+        return gr__set_error(GR_ENOMEM, "gr_event_create: out of memory");
+    }
+    std::memcpy(handle, &h, GR_IPC_HANDLE_SIZE);
+    *out = e;
+    return GR_OK;
+#else
+    (void)index;
+    return GR_EUNSUPPORTED; /* not reached: event_device refused */
+#endif
+}
+
+extern "C" int gr_event_open(const char *device, const uint8_t handle[GR_IPC_HANDLE_SIZE],
+                             gr_event_t **out)
+{
+    if (out != nullptr)
+        *out = nullptr;
+    if (handle == nullptr || out == nullptr)
+        return gr__set_error(GR_EINVAL, "gr_event_open: NULL argument");
+    int index = -1;
+    int rc = event_device("gr_event_open", device, &index);
+    if (rc != GR_OK)
+        return rc;
+#ifdef GR_HAVE_CUDA
+    DeviceScope scope(index);
+    if (scope.err != cudaSuccess)
+        return cuda_fail(scope.err, "cudaSetDevice", device);
+    cudaIpcEventHandle_t h;
+    std::memcpy(&h, handle, GR_IPC_HANDLE_SIZE);
+    cudaEvent_t ev = nullptr;
+    cudaError_t err = cudaIpcOpenEventHandle(&ev, h);
+    if (err != cudaSuccess) {
+        (void)cudaGetLastError();
+        return gr__set_errorf(GR_EINVAL, "cudaIpcOpenEventHandle on %s: %s", device,
+                              cudaGetErrorString(err));
+    }
+    auto *e = new (std::nothrow) gr_event_t{index, ev, 1};
+    if (e == nullptr) {
+        (void)cudaEventDestroy(ev);
+        return gr__set_error(GR_ENOMEM, "gr_event_open: out of memory");
+    }
+    *out = e;
+    return GR_OK;
+#else
+    (void)index;
+    return GR_EUNSUPPORTED; /* not reached: event_device refused */
+#endif
+}
+
+extern "C" int gr_event_destroy(gr_event_t *e)
+{
+    if (e == nullptr)
+        return GR_OK;
+#ifdef GR_HAVE_CUDA
+    {
+        DeviceScope scope(e->device);
+        if (cudaEventDestroy(static_cast<cudaEvent_t>(e->event)) != cudaSuccess)
+            (void)cudaGetLastError(); /* the context may be gone at exit: nothing to free */
+    }
+#endif
+    delete e;
+    return GR_OK;
 }

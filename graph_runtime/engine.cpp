@@ -11,9 +11,9 @@
  * outputs that need no grad follow torch 2.x's graphs.py (the GPU machine's torch; Debian's 1.13
  * copy has neither and asserts that every output requires grad). Where graphd differs:
  * static tensors live in caller blocks (so parameters and buffers are rebound to caller memory:
- * the client sees the running stats each replay updates, as upstream's module does), and a
- * probe iteration after warm-up learns output shapes and which gradients are absent, with
- * buffers restored so it leaves no trace in module state.
+ * the client sees the running stats each replay updates, as upstream's module does), and the
+ * last warm-up iteration learns output shapes and which gradients are absent (without warm-up, a
+ * probe iteration does, with buffers restored so it leaves no trace in module state).
  */
 #include "engine_int.h"
 
@@ -24,6 +24,7 @@
 #include <unordered_set>
 
 #include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/jit/runtime/graph_executor.h>
 
 namespace gr
 {
@@ -178,6 +179,12 @@ void flatten(const c10::IValue &v, const std::string &path, std::vector<at::Tens
 
 std::vector<at::Tensor> call(Callable &c, std::vector<std::string> *names)
 {
+    /* TorchScript's profiling executor spends a method's first runs profiling and then
+     * optimising it (autodiff subgraphs, fusion), most of a capture's time, for an interpreter
+     * speed that a captured graph makes moot (and CPU replays are no slower without it). The
+     * setting is per thread, so it is set around every call: warm-up, capture and replay all run
+     * the plain plan, whose results are eager PyTorch's. */
+    torch::jit::GraphOptimizerEnabledGuard no_optimize(false);
     std::vector<c10::IValue> in(c.args.begin(), c.args.end());
     c10::IValue result = (*c.method)(std::move(in));
     std::vector<at::Tensor> outs;
@@ -188,24 +195,11 @@ std::vector<at::Tensor> call(Callable &c, std::vector<std::string> *names)
     return outs;
 }
 
-/* One warm-up iteration, as upstream's loop body. */
+/* One warm-up iteration, as upstream's loop body, that also learns the outputs and which
+ * gradients autograd leaves undefined: the last iteration's learning is kept, so it costs no run
+ * of its own. */
 void warmup_iteration(Callable &c)
 {
-    std::vector<at::Tensor> outs = call(c, nullptr);
-    std::vector<at::Tensor> need, grads_out;
-    for (const at::Tensor &o : outs)
-        if (o.requires_grad()) {
-            need.push_back(o);
-            grads_out.push_back(at::zeros_like(o));
-        }
-    if (!need.empty())
-        torch::autograd::grad(need, c.grad_targets, grads_out, false, false, c.allow_unused);
-}
-
-/* Learns the outputs and which gradients autograd leaves undefined; leaves buffers as found. */
-void probe(Callable &c)
-{
-    BufferSnapshot snap(c.buffers);
     std::vector<std::string> names;
     std::vector<at::Tensor> outs = call(c, &names);
     c.outputs.clear();
@@ -235,6 +229,13 @@ void probe(Callable &c)
         for (size_t i = 0; i < grads.size() && i < c.grad_absent.size(); i++)
             c.grad_absent[i] = !grads[i].defined();
     }
+}
+
+/* What warm-up learns, for a capture without warm-up: leaves buffers as found. */
+void probe(Callable &c)
+{
+    BufferSnapshot snap(c.buffers);
+    warmup_iteration(c);
     snap.restore();
 }
 
@@ -574,6 +575,25 @@ extern "C" int gr_pool_destroy(gr_pool_t *p)
     }
 }
 
+extern "C" int gr_pool_memory(const gr_pool_t *p, uint64_t *reserved, uint64_t *in_use)
+{
+    try {
+        if (p == nullptr || reserved == nullptr || in_use == nullptr)
+            return gr__set_error(GR_EINVAL, "gr_pool_memory: NULL argument");
+        *reserved = 0;
+        *in_use = 0;
+#ifdef GR_HAVE_CUDA
+        if (p->pool->family == &gr::family_cuda())
+            gr::cuda_pool_memory(*p->pool->state, reserved, in_use);
+#endif
+        return GR_OK; /* a CPU pool holds no memory of its own */
+    } catch (const std::exception &e) {
+        return gr::fail_with(e, GR_EINTERNAL);
+    } catch (...) {
+        return gr::fail_unknown("gr_pool_memory");
+    }
+}
+
 extern "C" int gr_capture_prepare(const char *device, size_t n, const gr_callable_spec_t *specs,
                                   const gr_capture_opts_t *opts, gr_capture_t **out)
 {
@@ -623,7 +643,8 @@ extern "C" int gr_capture_prepare(const char *device, size_t n, const gr_callabl
         });
         for (size_t i = 0; i < n; i++)
             gr::in_context("callable " + std::to_string(i), GR_EINVAL, [&] {
-                gr::probe(*cap->callables[i]);
+                if (o.num_warmup_iters == 0)
+                    gr::probe(*cap->callables[i]);
                 gr::build_layout(*cap->callables[i]);
             });
         *out = cap.release();
@@ -738,39 +759,44 @@ extern "C" int gr_capture_abort(gr_capture_t *c)
     }
 }
 
-extern "C" int gr_graph_replay(gr_graph_t *g, int phase, uint64_t *elapsed_ns)
+namespace
+{
+
+/* gr_graph_replay and gr_graph_replay_ordered: the phase protocol around the family's replay. */
+int replay(gr_graph_t *g, int phase, const gr::Order *order, uint64_t *elapsed_ns)
+{
+    gr::Callable &c = *g->callable;
+    const gr::Family &family = *g->pool->family;
+    auto t0 = std::chrono::steady_clock::now();
+    c10::AutoGradMode grad_mode(true);
+    if (phase == GR_PHASE_FORWARD) {
+        g->forward_pending = false;
+        family.replay_forward(c, order);
+        g->forward_pending = c.has_backward;
+        g->forward_replays++;
+    } else if (phase == GR_PHASE_BACKWARD) {
+        if (!c.has_backward)
+            return gr__set_error(GR_EPRECOND,
+                                 "no output of this graph requires grad: it has no backward");
+        if (!g->forward_pending)
+            return gr__set_error(GR_EPRECOND, "BACKWARD needs a FORWARD since the last BACKWARD");
+        g->forward_pending = false;
+        family.replay_backward(c, order);
+        g->backward_replays++;
+    } else {
+        return gr__set_errorf(GR_EINVAL, "phase %d is neither FORWARD nor BACKWARD", phase);
+    }
+    if (elapsed_ns != nullptr)
+        *elapsed_ns = static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                                std::chrono::steady_clock::now() - t0)
+                                                .count());
+    return GR_OK;
+}
+
+template <typename F> int guarded_replay(gr_graph_t *g, const char *fn, F &&body)
 {
     try {
-        if (g == nullptr)
-            return gr__set_error(GR_EINVAL, "gr_graph_replay: NULL graph");
-        gr::Callable &c = *g->callable;
-        const gr::Family &family = *g->pool->family;
-        auto t0 = std::chrono::steady_clock::now();
-        c10::AutoGradMode grad_mode(true);
-        if (phase == GR_PHASE_FORWARD) {
-            g->forward_pending = false;
-            family.replay_forward(c);
-            g->forward_pending = c.has_backward;
-            g->forward_replays++;
-        } else if (phase == GR_PHASE_BACKWARD) {
-            if (!c.has_backward)
-                return gr__set_error(GR_EPRECOND,
-                                     "no output of this graph requires grad: it has no backward");
-            if (!g->forward_pending)
-                return gr__set_error(GR_EPRECOND,
-                                     "BACKWARD needs a FORWARD since the last BACKWARD");
-            g->forward_pending = false;
-            family.replay_backward(c);
-            g->backward_replays++;
-        } else {
-            return gr__set_errorf(GR_EINVAL, "phase %d is neither FORWARD nor BACKWARD", phase);
-        }
-        if (elapsed_ns != nullptr)
-            *elapsed_ns =
-                static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                          std::chrono::steady_clock::now() - t0)
-                                          .count());
-        return GR_OK;
+        return body();
     } catch (const std::exception &e) {
         g->callable->live.clear();
         g->failed_replays++;
@@ -778,8 +804,37 @@ extern "C" int gr_graph_replay(gr_graph_t *g, int phase, uint64_t *elapsed_ns)
     } catch (...) {
         g->callable->live.clear();
         g->failed_replays++;
-        return gr::fail_unknown("gr_graph_replay");
+        return gr::fail_unknown(fn);
     }
+}
+
+} // namespace
+
+extern "C" int gr_graph_replay(gr_graph_t *g, int phase, uint64_t *elapsed_ns)
+{
+    if (g == nullptr)
+        return gr__set_error(GR_EINVAL, "gr_graph_replay: NULL graph");
+    return guarded_replay(g, "gr_graph_replay",
+                          [&] { return replay(g, phase, nullptr, elapsed_ns); });
+}
+
+extern "C" int gr_graph_replay_ordered(gr_graph_t *g, int phase, gr_event_t *wait, gr_event_t *done,
+                                       uint64_t *elapsed_ns)
+{
+    if (g == nullptr || wait == nullptr || done == nullptr)
+        return gr__set_error(GR_EINVAL, "gr_graph_replay_ordered: NULL argument");
+    const gr::Callable &c = *g->callable;
+    if (!c.resident)
+        return gr__set_error(GR_EINVAL, "an ordered replay needs a device-resident graph (this "
+                                        "one is host-staged: its replays are synchronous)");
+    if (wait->device != c.device.index() || done->device != c.device.index())
+        return gr__set_errorf(GR_EINVAL,
+                              "the graph is on cuda:%d but its events are on "
+                              "cuda:%d and cuda:%d",
+                              static_cast<int>(c.device.index()), wait->device, done->device);
+    gr::Order order{wait->event, done->event};
+    return guarded_replay(g, "gr_graph_replay_ordered",
+                          [&] { return replay(g, phase, &order, elapsed_ns); });
 }
 
 extern "C" int gr_graph_destroy(gr_graph_t *g)

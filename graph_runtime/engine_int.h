@@ -139,6 +139,14 @@ struct Callable {
 void run_forward(Callable &c);
 void run_backward(Callable &c);
 
+/* How a replay is ordered against another process's stream (gr_graph_replay_ordered): the
+ * family's stream waits for wait before the graph and records done after it, and the replay
+ * returns without waiting for the device. The events are cudaEvent_t of the callable's device. */
+struct Order {
+    void *wait;
+    void *done;
+};
+
 /* A device family. The engine calls capture_forward for every callable in order, then
  * capture_backward in reverse order for those with a backward; afterwards replay_* must compute
  * what run_forward/run_backward would on the static tensors. All calls for one device come from
@@ -168,8 +176,10 @@ class Family
     virtual void warmup(int index, const std::function<void()> &body) const = 0;
     virtual void capture_forward(Callable &c, PoolState *pool) const = 0;
     virtual void capture_backward(Callable &c, PoolState *pool) const = 0;
-    virtual void replay_forward(Callable &c) const = 0;
-    virtual void replay_backward(Callable &c) const = 0;
+    /* order: nullptr for a synchronous replay (the static tensors hold the results when it
+     * returns); else only for resident captures of a family that keeps device memory. */
+    virtual void replay_forward(Callable &c, const Order *order) const = 0;
+    virtual void replay_backward(Callable &c, const Order *order) const = 0;
 };
 
 const Family &family_cpu();
@@ -177,6 +187,8 @@ const Family &family_cpu();
 const Family &family_cuda();
 /* The CUDA devices, for gr_devices(); none (and no error) without a driver or a GPU. */
 std::vector<gr_device_info_t> cuda_devices();
+/* gr_pool_memory of a CUDA pool: the caching allocator's segments owned by its graph mempool. */
+void cuda_pool_memory(const PoolState &pool, uint64_t *reserved, uint64_t *in_use);
 #endif
 
 } // namespace gr

@@ -31,6 +31,7 @@
 #include <mutex>
 
 #include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -317,29 +318,40 @@ class CudaFamily final : public Family
             stage(c, st, false, {GR_ROLE_GRAD_INPUT, GR_ROLE_PARAM_GRAD});
         });
     }
-    void replay_forward(Callable &c) const override
+    void replay_forward(Callable &c, const Order *order) const override
     {
         CudaCallable &st = state_of(c);
         bounce(c, st, true, {GR_ROLE_INPUT, GR_ROLE_PARAM, GR_ROLE_BUFFER});
-        replay(st, *st.fwd);
+        replay(st, *st.fwd, order);
         bounce(c, st, false, {GR_ROLE_OUTPUT, GR_ROLE_BUFFER});
     }
-    void replay_backward(Callable &c) const override
+    void replay_backward(Callable &c, const Order *order) const override
     {
         CudaCallable &st = state_of(c);
         if (!st.bwd)
             throw Error(GR_EPRECOND, "no backward graph");
         bounce(c, st, true, {GR_ROLE_GRAD_OUTPUT});
-        replay(st, *st.bwd);
+        replay(st, *st.bwd, order);
         bounce(c, st, false, {GR_ROLE_GRAD_INPUT, GR_ROLE_PARAM_GRAD});
     }
 
   private:
-    static void replay(CudaCallable &st, at::cuda::CUDAGraph &graph)
+    /* Launches the graph on the pool's stream. Unordered: waits for it, so the caller may read
+     * the block at once. Ordered: the stream waits on the client's event first and records the
+     * completion event after, and nothing on the host waits. */
+    static void replay(CudaCallable &st, at::cuda::CUDAGraph &graph, const Order *order)
     {
         c10::cuda::CUDAStreamGuard guard(*st.stream);
+        cudaStream_t stream = st.stream->stream();
+        if (order != nullptr)
+            check(cudaStreamWaitEvent(stream, static_cast<cudaEvent_t>(order->wait), 0),
+                  "cudaStreamWaitEvent");
         graph.replay();
-        st.stream->synchronize();
+        if (order != nullptr)
+            check(cudaEventRecord(static_cast<cudaEvent_t>(order->done), stream),
+                  "cudaEventRecord");
+        else
+            st.stream->synchronize();
     }
 };
 
@@ -386,6 +398,26 @@ std::vector<gr_device_info_t> cuda_devices()
     if (restore)
         (void)cudaSetDevice(prev);
     return out;
+}
+
+void cuda_pool_memory(const PoolState &state, uint64_t *reserved, uint64_t *in_use)
+{
+    const auto *pool = dynamic_cast<const CudaPool *>(&state);
+    if (pool == nullptr)
+        throw Error(GR_EINTERNAL, "CUDA pool without its family state");
+    /* Asking for the mempool makes libtorch walk only that pool's segments; the owner check keeps
+     * the sum right on a libtorch that ignores the filter and returns every segment. No traces:
+     * only the sizes are read. */
+    const auto snap = c10::cuda::CUDACachingAllocator::snapshot(pool->id, false);
+    uint64_t total = 0, allocated = 0;
+    for (const auto &seg : snap.segments) {
+        if (seg.owner_private_pool_id != pool->id || seg.device != pool->index)
+            continue;
+        total += seg.total_size;
+        allocated += seg.allocated_size;
+    }
+    *reserved = total;
+    *in_use = allocated;
 }
 
 } // namespace gr

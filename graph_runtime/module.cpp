@@ -15,6 +15,8 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include <torch/version.h>
+
 struct gr_module {
     std::string key; /* the SHA-256, raw bytes */
     uint8_t sha256[GR_SHA256_LEN];
@@ -157,6 +159,20 @@ template <typename List> std::vector<torch::jit::Named<at::Tensor>> unique_tenso
     return out;
 }
 
+/* A deep copy of m (its tensors on the CPU, as loaded) with its tensors on device. libtorch >= 2.1
+ * copies each tensor straight to the device; before, the copy is made on the CPU and then moved,
+ * which for a CUDA device copies every parameter twice. */
+torch::jit::Module copy_to(const torch::jit::Module &m, c10::Device device)
+{
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 1)
+    if (!device.is_cpu()) /* on the CPU deepcopy(device) would alias, not copy, the tensors */
+        return m.deepcopy(device);
+#endif
+    torch::jit::Module copy = m.deepcopy();
+    copy.to(device);
+    return copy;
+}
+
 } // namespace
 
 namespace gr
@@ -168,7 +184,7 @@ torch::jit::Module module_clone(gr_module_t *m, c10::Device device)
     /* deepcopy clones tensors; with grad mode on, parameters would come back as non-leaf
      * results of clone(). Copy without grad, then restore requires_grad from the original. */
     c10::NoGradGuard no_grad;
-    torch::jit::Module copy = m->module.deepcopy();
+    torch::jit::Module copy = copy_to(m->module, device);
     auto orig_params = m->module.named_parameters(true);
     auto copy_params = copy.named_parameters(true);
     for (auto o = orig_params.begin(), c = copy_params.begin();
@@ -180,7 +196,6 @@ torch::jit::Module module_clone(gr_module_t *m, c10::Device device)
          o != orig_bufs.end() && c != copy_bufs.end(); ++o, ++c)
         if ((*o).value.requires_grad() && (*c).value.is_floating_point())
             (*c).value.requires_grad_(true);
-    copy.to(device);
     return copy;
 }
 

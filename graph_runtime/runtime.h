@@ -54,6 +54,12 @@ const char *gr_last_error(void);
 /* Optional, once per process before any other call: intra_op_threads > 0 sets libtorch's
  * intra-op thread count, 0 leaves the default. GR_EINVAL when negative. */
 int gr_runtime_init(int intra_op_threads);
+/* Optional, once per process before any pool or capture: splits the CPU into n logical devices,
+ * "cpu:0" to "cpu:<n-1>" (default 1), which gr_pool_create and gr_capture_prepare then accept.
+ * They all compute on the one libtorch CPU device and share its intra-op threading: a logical
+ * device is a separate queue for the caller (one thread each), not a share of the cores. Pools and
+ * graphs made before a later call keep working. GR_EINVAL for n outside [1, 64]. */
+int gr_cpu_devices(int n);
 /* The libtorch version this runtime was built against, e.g. "1.13.0". */
 const char *gr_runtime_torch_version(void);
 
@@ -126,10 +132,11 @@ typedef struct gr_device_info {
 } gr_device_info_t;
 
 /* Two-call pattern: with items NULL, *count gets the number of accelerators; else fills up to
- * *count of them and sets *count to the number filled. Lists CUDA devices only (the CPU device,
- * "cpu:0", always exists and is not listed). Zero devices, and GR_OK, when the CUDA family is not
- * built in, or there is no driver or no GPU; never aborts. Safe before any other gr_ call; it
- * creates a CUDA context on each device it lists (cudaMemGetInfo). GR_EINVAL for a NULL count. */
+ * *count of them and sets *count to the number filled. Lists CUDA devices only (the CPU devices,
+ * "cpu:0" and any gr_cpu_devices adds, always exist and are not listed). Zero devices, and GR_OK,
+ * when the CUDA family is not built in, or there is no driver or no GPU; never aborts. Safe
+ * before any other gr_ call; it creates a CUDA context on each device it lists (cudaMemGetInfo).
+ * GR_EINVAL for a NULL count. */
 int gr_devices(size_t *count, gr_device_info_t *items /* [optional] */);
 
 /* ---- modules ---------------------------------------------------------------------------- */
@@ -173,6 +180,17 @@ typedef struct gr_pool gr_pool_t;
 int gr_pool_create(const char *device, gr_pool_t **out);
 /* GR_EBUSY, and nothing freed, while a capture or a graph uses the pool. */
 int gr_pool_destroy(gr_pool_t *p);
+/* The device memory of the pool's graph mempool, from libtorch's caching allocator: *reserved
+ * gets the bytes of the allocator segments the mempool owns (cudaMalloc'd for the pool's graphs,
+ * free or not), *in_use the bytes of those segments held by live allocations. Static blocks are
+ * not in it: they are the caller's (gr_device_alloc is plain cudaMalloc). GR_OK with 0 and 0 for
+ * a pool that holds no memory of its own (cpu) or that has not captured yet. It walks the
+ * allocator's segments under its locks (c10::cuda::CUDACachingAllocator::snapshot): thread-safe,
+ * but it may take milliseconds on a busy device, so call it on the device's worker rather than on
+ * a thread that must not block. GR_EINVAL for NULL arguments; GR_EINTERNAL when the allocator
+ * cannot say (another CUDA allocator backend, e.g. cudaMallocAsync). */
+int gr_pool_memory(const gr_pool_t *p, uint64_t *reserved /* [out] */,
+                   uint64_t *in_use /* [out] */);
 
 /* ---- capture ---------------------------------------------------------------------------- */
 
@@ -312,6 +330,33 @@ int gr_device_free(const char *device, void *ptr);
  * message when it throws (the graph stays usable: the next FORWARD starts afresh). elapsed_ns:
  * time spent in the replay. */
 int gr_graph_replay(gr_graph_t *g, int phase, uint64_t *elapsed_ns /* [out][optional] */);
+/* ---- ordering across processes (CUDA IPC events) ------------------------------------------ */
+/* A CUDA event shared between two processes, so that each side's stream can wait for the other's
+ * work without a host synchronisation. Each side records only the events it created and waits on
+ * the ones it opened. */
+typedef struct gr_event gr_event_t;
+/* Creates an interprocess event (cudaEventInterprocess | cudaEventDisableTiming) on device
+ * ("cuda:N"); handle gets its cudaIpcGetEventHandle for the other process. GR_EINVAL for a
+ * non-CUDA device, GR_ENOTFOUND for a device that does not exist, GR_EUNSUPPORTED without the
+ * CUDA family. The caller's current CUDA device is left as it was. */
+int gr_event_create(const char *device, gr_event_t **out,
+                    uint8_t handle[GR_IPC_HANDLE_SIZE] /* [out] */);
+/* Opens another process's interprocess event on device from its IPC handle. Errors as
+ * gr_event_create; GR_EINVAL when the handle does not open (not an event handle, or from this
+ * process: CUDA refuses to open a process's own handles). */
+int gr_event_open(const char *device, const uint8_t handle[GR_IPC_HANDLE_SIZE], gr_event_t **out);
+/* Destroys the event (an opened one is only closed here; its owner's copy lives on). NULL:
+ * no-op. */
+int gr_event_destroy(gr_event_t *e);
+/* An ordered replay of a device-resident CUDA graph: the pool's stream waits for wait (recorded by
+ * the client after it wrote the inputs), the graph is launched after it, done is recorded after
+ * the graph (the client's stream waits on it before reading the outputs), and the call returns
+ * without waiting for the device: elapsed_ns is the host time of the launch. Both events must be
+ * on the graph's device. GR_EINVAL for a graph that is not device-resident (a host-staged graph's
+ * caller reads host memory as soon as the replay returns, so it must be synchronous) or events on
+ * another device; otherwise as gr_graph_replay. */
+int gr_graph_replay_ordered(gr_graph_t *g, int phase, gr_event_t *wait, gr_event_t *done,
+                            uint64_t *elapsed_ns /* [out][optional] */);
 /* Frees the graph; its static block is the caller's again. */
 int gr_graph_destroy(gr_graph_t *g);
 int gr_graph_info(const gr_graph_t *g, gr_graph_info_t *out);

@@ -11,6 +11,14 @@
 extern "C" {
 #endif
 
+/* A CUDA IPC event (device_mem.cpp): event is the cudaEvent_t, held as a pointer so that the
+ * engine needs no CUDA headers. */
+struct gr_event {
+    int device; /* CUDA device index */
+    void *event;
+    int opened; /* opened from another process's handle, not created here */
+};
+
 #define GR__MSG_MAX 1024 /* bytes kept of a per-thread message, NUL included */
 
 /* Stores msg (truncated to GR__MSG_MAX - 1 bytes) as this thread's last error; returns err. */

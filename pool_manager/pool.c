@@ -40,6 +40,7 @@ struct pm_region {
     int fd;     /* -1 for a device region */
     void *addr; /* the daemon's mapping; for a device region, the device pointer */
     bool device;
+    uint32_t tag; /* the caller's (pm_region_set_tag) */
     uint8_t handle[PM_IPC_HANDLE_SIZE];
     pm_pool_t *pool;
     pm_owner_ref_t *ref;
@@ -617,4 +618,14 @@ int pm_region_is_device(const pm_region_t *r)
 const uint8_t *pm_region_ipc_handle(const pm_region_t *r)
 {
     return r->device ? r->handle : NULL;
+}
+
+void pm_region_set_tag(pm_region_t *r, uint32_t tag)
+{
+    r->tag = tag;
+}
+
+uint32_t pm_region_tag(const pm_region_t *r)
+{
+    return r->tag;
 }

@@ -109,5 +109,9 @@ int pm_region_is_device(const pm_region_t *r);        /* 1 for pm_region_alloc_d
 /* The IPC handle of a device region (PM_IPC_HANDLE_SIZE bytes); NULL for a host region. */
 const uint8_t *pm_region_ipc_handle(const pm_region_t *r);
 pm_pool_t *pm_region_pool(const pm_region_t *r);
+/* A value the caller keeps with the region (0 when allocated), e.g. what its memory is for; the
+ * manager never reads it. */
+void pm_region_set_tag(pm_region_t *r, uint32_t tag);
+uint32_t pm_region_tag(const pm_region_t *r);
 
 #endif

@@ -4,7 +4,8 @@
  * only, no dependencies beyond libc.
  *
  * Every frame is GRAPHD_FRAME_SIZE bytes, little-endian, and may be followed
- * by msg_len bytes of UTF-8 text (error messages only). Requests come from
+ * by msg_len bytes: UTF-8 text in an error reply, binary in the few frames
+ * that say so (a MAP reply for device memory, EVENTS both ways). Requests come from
  * the client; each is answered by one reply frame whose type is the request
  * type with GRAPHD_FRAME_REPLY set and whose seq echoes the request's.
  */
@@ -23,10 +24,23 @@
 enum graphd_frame_type {
     GRAPHD_FRAME_ATTACH = 1, /* id = session id, arg = session token */
     GRAPHD_FRAME_MAP = 2,    /* id = region id; reply carries the memfd (SCM_RIGHTS), arg = size */
-    GRAPHD_FRAME_REPLAY = 3, /* id = graph id, arg = phase; reply arg = device time in ns */
+    GRAPHD_FRAME_REPLAY = 3, /* id = graph id, arg = phase | flags; reply arg = daemon time, ns */
+    /* id = CUDA device index; request and reply each carry a CUDA IPC event handle
+     * (GRAPHD_IPC_HANDLE_SIZE bytes of message): the client's, recorded after it writes a
+     * replay's inputs, and the daemon's, recorded after the replay (GRAPHD_REPLAY_ORDERED). */
+    GRAPHD_FRAME_EVENTS = 4,
     GRAPHD_FRAME_ERROR = 0x7fff, /* unsolicited: the daemon closes the session after it */
     GRAPHD_FRAME_REPLY = 0x8000,
 };
+
+#define GRAPHD_IPC_HANDLE_SIZE 64 /* a cudaIpcMemHandle_t or cudaIpcEventHandle_t */
+
+/* REPLAY arg: the phase in the low byte, flags above it. */
+#define GRAPHD_REPLAY_PHASE_MASK 0xffu
+/* The daemon orders the replay by the session's events for the graph's device (EVENTS): the
+ * pool's stream waits on the client's event, the daemon records its own after the graph and
+ * replies without waiting for the device. Device-resident graphs only. */
+#define GRAPHD_REPLAY_ORDERED 0x100u
 
 /* status in replies is a gRPC status code, so both planes report errors alike. */
 typedef struct graphd_frame {

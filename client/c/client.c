@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/sysinfo.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -58,6 +59,7 @@ int graphd__fail_sys(graphd_client_t *c, const char *fmt, ...)
 void graphd__session_end(graphd_client_t *c)
 {
     graphd__dp_close(c);
+    graphd__cuda_events_drop(c);
     c->session_id = 0;
     c->session_token = 0;
     c->session_socket[0] = '\0';
@@ -66,6 +68,20 @@ void graphd__session_end(graphd_client_t *c)
 static void clear_error(graphd_client_t *c)
 {
     c->last_error[0] = '\0';
+}
+
+/* GRAPHD_SPIN_US, else 50 µs on hosts with at least 4 CPUs and 0 on smaller ones (where the
+ * polling thread would take the core the daemon needs to answer). */
+static int spin_from_env(void)
+{
+    const char *s = getenv("GRAPHD_SPIN_US");
+    if (s != NULL && *s != '\0') {
+        char *end;
+        long v = strtol(s, &end, 10);
+        if (*end == '\0' && v >= 0 && v <= 100000)
+            return (int)v;
+    }
+    return get_nprocs() >= 4 ? 50 : 0;
 }
 
 static int timeout_from_env(void)
@@ -141,6 +157,7 @@ int graphd_connect(const char *address, graphd_client_t **out)
         return GRAPHD_ENOMEM;
     c->session_fd = -1;
     c->timeout_ms = timeout_from_env();
+    c->spin_us = spin_from_env();
     c->address = resolve_address(address);
     if (c->address == NULL) {
         free(c);
@@ -199,6 +216,7 @@ void graphd_close(graphd_client_t *c)
     if (c->session_id != 0 && c->channel != NULL)
         (void)graphd_goodbye(c);
     graphd__dp_close(c);
+    graphd__cuda_events_drop(c);
     while (c->graphs != NULL)
         graphd__graph_forget(c->graphs);
     while (c->regions != NULL)
@@ -368,6 +386,8 @@ static void pool_from_pb(graphd_pool_t *d, const Graphd__V1__Pool *p)
     d->regions = p->regions;
     d->sessions = p->sessions;
     d->created_unix_ms = p->created_unix_ms;
+    d->graph_mempool_reserved_bytes = p->graph_mempool_reserved_bytes;
+    d->graph_mempool_in_use_bytes = p->graph_mempool_in_use_bytes;
 }
 
 int graphd_list_devices(graphd_client_t *c, size_t *count, graphd_device_t *items)

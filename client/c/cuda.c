@@ -1,7 +1,8 @@
 /*
- * Device regions in the client: the CUDA runtime, loaded at run time only when the daemon hands
- * out device memory (a MAP reply carrying a CUDA IPC handle), so that libgraphd neither links
- * against CUDA nor opens a CUDA context for host regions. In a process that already uses CUDA
+ * Device regions and ordered replays in the client: the CUDA runtime, loaded at run time only
+ * when the daemon hands out device memory (a MAP reply carrying a CUDA IPC handle) or the caller
+ * asks for stream-ordered replays, so that libgraphd neither links against CUDA nor opens a CUDA
+ * context for host regions. In a process that already uses CUDA
  * (PyTorch), dlopen finds the runtime it has loaded, so the handle opens in the same context.
  */
 #include <dlfcn.h>
@@ -26,9 +27,18 @@ static struct {
     int (*ipc_close)(void *);
     int (*device_synchronize)(void);
     const char *(*error_string)(int);
+    /* events (NULL when the runtime lacks them: ordered replays are then refused) */
+    int (*event_create)(void **, unsigned int);
+    int (*event_destroy)(void *);
+    int (*event_record)(void *, void *);
+    int (*stream_wait_event)(void *, void *, unsigned int);
+    int (*ipc_get_event)(ipc_handle_t *, void *);
+    int (*ipc_open_event)(void **, ipc_handle_t);
 } rt = {.once = PTHREAD_ONCE_INIT};
 
 #define CUDA_IPC_LAZY_ENABLE_PEER_ACCESS 1u /* cudaIpcMemLazyEnablePeerAccess */
+#define CUDA_EVENT_DISABLE_TIMING 0x2u      /* cudaEventDisableTiming */
+#define CUDA_EVENT_INTERPROCESS 0x4u        /* cudaEventInterprocess */
 
 static void load_runtime(void)
 {
@@ -49,6 +59,15 @@ static void load_runtime(void)
     rt.ipc_close = (int (*)(void *))dlsym(h, "cudaIpcCloseMemHandle");
     rt.device_synchronize = (int (*)(void))dlsym(h, "cudaDeviceSynchronize");
     rt.error_string = (const char *(*)(int))dlsym(h, "cudaGetErrorString");
+    rt.event_create = (int (*)(void **, unsigned int))dlsym(h, "cudaEventCreateWithFlags");
+    rt.event_destroy = (int (*)(void *))dlsym(h, "cudaEventDestroy");
+    rt.event_record = (int (*)(void *, void *))dlsym(h, "cudaEventRecord");
+    rt.stream_wait_event = (int (*)(void *, void *, unsigned int))dlsym(h, "cudaStreamWaitEvent");
+    rt.ipc_get_event = (int (*)(ipc_handle_t *, void *))dlsym(h, "cudaIpcGetEventHandle");
+    rt.ipc_open_event = (int (*)(void **, ipc_handle_t))dlsym(h, "cudaIpcOpenEventHandle");
+    if (!rt.event_create || !rt.event_destroy || !rt.event_record || !rt.stream_wait_event ||
+        !rt.ipc_get_event || !rt.ipc_open_event)
+        rt.event_create = NULL;
     if (!rt.set_device || !rt.get_device || !rt.ipc_open || !rt.ipc_close ||
         !rt.device_synchronize) {
         snprintf(rt.error, sizeof(rt.error), "the CUDA runtime lacks cudaIpcOpenMemHandle & co.");
@@ -117,4 +136,123 @@ void graphd__cuda_close(int device, void *ptr)
     (void)rt.ipc_close(ptr);
     if (prev >= 0 && prev != device)
         (void)rt.set_device(prev);
+}
+
+/* ---- ordered replays -------------------------------------------------------------------- */
+
+/* Makes device current for its scope (restored by device_restore); the previous one, or -1. */
+static int device_enter(int device, int *err)
+{
+    int prev = -1;
+    if (rt.get_device(&prev) != 0)
+        prev = -1;
+    *err = prev == device ? 0 : rt.set_device(device);
+    return prev;
+}
+
+static void device_restore(int prev, int device)
+{
+    if (prev >= 0 && prev != device)
+        (void)rt.set_device(prev);
+}
+
+/* The session's events for device: on first use, creates ours, sends its handle in an EVENTS
+ * frame and opens the daemon's from the reply. The caller has made device current. */
+static int events_for(graphd_client_t *c, int device, struct graphd__events **out)
+{
+    for (size_t i = 0; i < c->nevents; i++)
+        if (c->events[i].device == device) {
+            *out = &c->events[i];
+            return GRAPHD_OK;
+        }
+    if (c->nevents == GRAPHD__MAX_EVENT_DEVICES)
+        return graphd__fail(c, GRAPHD_ERESOURCE_EXHAUSTED,
+                            "ordered replays on more than %d devices", GRAPHD__MAX_EVENT_DEVICES);
+    void *ready = NULL, *done = NULL;
+    int rc;
+    ipc_handle_t ours, theirs;
+    int err = rt.event_create(&ready, CUDA_EVENT_DISABLE_TIMING | CUDA_EVENT_INTERPROCESS);
+    if (err == 0)
+        err = rt.ipc_get_event(&ours, ready);
+    if (err != 0) {
+        rc = graphd__fail(c, GRAPHD_EFAILED_PRECONDITION, "interprocess event on cuda:%d: %s",
+                          device, cuda_str(err));
+        goto fail;
+    }
+    size_t len = sizeof(theirs.reserved);
+    rc = graphd__dp_exchange(c, GRAPHD_FRAME_EVENTS, (uint64_t)device, 0, ours.reserved,
+                             sizeof(ours.reserved), NULL, NULL, theirs.reserved, &len);
+    if (rc != GRAPHD_OK)
+        goto fail;
+    if (len != sizeof(theirs.reserved)) {
+        rc = graphd__fail(c, GRAPHD_EPROTO, "EVENTS reply with %zu bytes of handle, not %zu", len,
+                          sizeof(theirs.reserved));
+        goto fail;
+    }
+    err = rt.ipc_open_event(&done, theirs);
+    if (err != 0) {
+        rc = graphd__fail(c, GRAPHD_EFAILED_PRECONDITION,
+                          "cudaIpcOpenEventHandle on cuda:%d: %s (is this process on the daemon's "
+                          "machine, with that GPU visible?)",
+                          device, cuda_str(err));
+        goto fail;
+    }
+    c->events[c->nevents] = (struct graphd__events){.device = device, .ready = ready, .done = done};
+    *out = &c->events[c->nevents++];
+    return GRAPHD_OK;
+fail:
+    /* The daemon may hold events of this session for the device now; a retry is refused with
+     * ALREADY_EXISTS, which says as much. */
+    if (ready != NULL)
+        (void)rt.event_destroy(ready);
+    return rc;
+}
+
+int graphd__cuda_replay_ordered(graphd_client_t *c, int device, void *stream, uint64_t graph_id,
+                                int phase, uint64_t *launch_ns)
+{
+    pthread_once(&rt.once, load_runtime);
+    if (rt.event_create == NULL)
+        return graphd__fail(c, GRAPHD_EFAILED_PRECONDITION, "ordered replay: %s",
+                            rt.error[0] ? rt.error : "the CUDA runtime lacks interprocess events");
+    int err;
+    int prev = device_enter(device, &err);
+    if (err != 0)
+        return graphd__fail(c, GRAPHD_EFAILED_PRECONDITION, "cudaSetDevice(%d): %s", device,
+                            cuda_str(err));
+    struct graphd__events *ev = NULL;
+    int rc = events_for(c, device, &ev);
+    if (rc != GRAPHD_OK)
+        goto out;
+    /* The work queued on stream so far (the writes into the static tensors) comes first... */
+    err = rt.event_record(ev->ready, stream);
+    if (err != 0) {
+        rc = graphd__fail(c, GRAPHD_EFAILED_PRECONDITION, "cudaEventRecord on cuda:%d: %s", device,
+                          cuda_str(err));
+        goto out;
+    }
+    rc = graphd__dp_request(c, GRAPHD_FRAME_REPLAY, graph_id,
+                            ((uint64_t)(int64_t)phase & GRAPHD_REPLAY_PHASE_MASK) |
+                                GRAPHD_REPLAY_ORDERED,
+                            launch_ns, NULL);
+    if (rc != GRAPHD_OK)
+        goto out;
+    /* ...and the work queued after this call waits for the replay. */
+    err = rt.stream_wait_event(stream, ev->done, 0);
+    if (err != 0)
+        rc = graphd__fail(c, GRAPHD_EFAILED_PRECONDITION, "cudaStreamWaitEvent on cuda:%d: %s",
+                          device, cuda_str(err));
+out:
+    device_restore(prev, device);
+    return rc;
+}
+
+void graphd__cuda_events_drop(graphd_client_t *c)
+{
+    for (size_t i = 0; i < c->nevents; i++) {
+        /* cudaEventDestroy returns at once; work still waiting on an event is not disturbed. */
+        (void)rt.event_destroy(c->events[i].ready);
+        (void)rt.event_destroy(c->events[i].done);
+    }
+    c->nevents = 0;
 }

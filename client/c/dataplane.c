@@ -2,9 +2,10 @@
  * Data-plane I/O on the session socket: fixed-size frames (graphd_frame.h)
  * with an optional message (error text, or a binary payload in an OK reply)
  * and an optional file descriptor (SCM_RIGHTS).
- * ATTACH, MAP and REPLAY all go through graphd__dp_request.
+ * ATTACH, MAP, REPLAY and EVENTS all go through graphd__dp_exchange.
  */
 #include <errno.h>
+#include <poll.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -15,6 +16,13 @@
 #include "graphd_int.h"
 
 #define MAX_FDS_PER_MSG 4
+
+static int64_t now_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
 
 static int64_t now_ms(void)
 {
@@ -126,6 +134,18 @@ static int recv_all(graphd_client_t *c, uint8_t *buf, size_t len, int64_t deadli
     return GRAPHD_OK;
 }
 
+/* Polls the socket for up to the client's spin time before the blocking read: a replay's reply
+ * often comes within tens of microseconds, sooner than a sleeping thread wakes up. */
+static void spin_until_readable(graphd_client_t *c)
+{
+    if (c->spin_us <= 0)
+        return;
+    int64_t until = now_us() + c->spin_us;
+    struct pollfd p = {.fd = c->session_fd, .events = POLLIN};
+    while (poll(&p, 1, 0) == 0 && now_us() < until)
+        ;
+}
+
 /* Reads one frame and its message. On failure the socket is in an unknown state. */
 static int recv_frame(graphd_client_t *c, graphd_frame_t *f, char *msg, int64_t deadline,
                       int *fd_out)
@@ -151,12 +171,21 @@ static int recv_frame(graphd_client_t *c, graphd_frame_t *f, char *msg, int64_t 
 int graphd__dp_request(graphd_client_t *c, uint16_t type, uint64_t id, uint64_t arg,
                        uint64_t *arg_out, int *fd_out)
 {
-    return graphd__dp_request_payload(c, type, id, arg, arg_out, fd_out, NULL, NULL);
+    return graphd__dp_exchange(c, type, id, arg, NULL, 0, arg_out, fd_out, NULL, NULL);
 }
 
 int graphd__dp_request_payload(graphd_client_t *c, uint16_t type, uint64_t id, uint64_t arg,
                                uint64_t *arg_out, int *fd_out, void *payload, size_t *payload_len)
 {
+    return graphd__dp_exchange(c, type, id, arg, NULL, 0, arg_out, fd_out, payload, payload_len);
+}
+
+int graphd__dp_exchange(graphd_client_t *c, uint16_t type, uint64_t id, uint64_t arg,
+                        const void *send, size_t send_len, uint64_t *arg_out, int *fd_out,
+                        void *payload, size_t *payload_len)
+{
+    if (send_len > GRAPHD_FRAME_MAX_MSG)
+        return graphd__fail(c, GRAPHD_EINVALID_ARGUMENT, "frame message of %zu bytes", send_len);
     if (fd_out != NULL)
         *fd_out = -1;
     if (c->session_fd < 0)
@@ -171,16 +200,20 @@ int graphd__dp_request_payload(graphd_client_t *c, uint16_t type, uint64_t id, u
         .seq = ++c->seq,
         .id = id,
         .arg = arg,
+        .msg_len = (uint32_t)send_len,
     };
-    uint8_t raw[GRAPHD_FRAME_SIZE];
+    uint8_t raw[GRAPHD_FRAME_SIZE + GRAPHD_FRAME_MAX_MSG];
     graphd_frame_encode(&req, raw);
-    int rc = send_all(c, raw, sizeof(raw), deadline);
+    if (send_len > 0)
+        memcpy(raw + GRAPHD_FRAME_SIZE, send, send_len);
+    int rc = send_all(c, raw, GRAPHD_FRAME_SIZE + send_len, deadline);
     if (rc != GRAPHD_OK)
         goto broken;
 
     graphd_frame_t rep;
     char msg[GRAPHD_FRAME_MAX_MSG + 1];
     int fd = -1;
+    spin_until_readable(c);
     rc = recv_frame(c, &rep, msg, deadline, &fd);
     if (rc != GRAPHD_OK)
         goto broken_fd;

@@ -397,6 +397,20 @@ int graphd_replay(graphd_graph_t *g, int phase, uint64_t *device_ns)
                               NULL);
 }
 
+int graphd_replay_stream(graphd_graph_t *g, int phase, void *stream, uint64_t *launch_ns)
+{
+    if (g == NULL)
+        return GRAPHD_EINVALID_ARGUMENT;
+    graphd_client_t *c = g->client;
+    c->last_error[0] = '\0';
+    if (g->region == NULL || g->region->device < 0)
+        return graphd__fail(c, GRAPHD_EINVALID_ARGUMENT,
+                            "graph %llu is host-staged: stream-ordered replays are for "
+                            "device-resident graphs (use graphd_replay)",
+                            (unsigned long long)g->id);
+    return graphd__cuda_replay_ordered(c, g->region->device, stream, g->id, phase, launch_ns);
+}
+
 int graphd_replay_rpc(graphd_graph_t *g, int phase, uint64_t *device_ns)
 {
     if (g == NULL)

@@ -224,6 +224,8 @@ static const column_t pool_cols[] = {
     {"replays", "REPLAYS"},
     {"latency.p50_ns", "P50"},
     {"latency.p99_ns", "P99"},
+    {"graph_mempool_reserved_bytes", "MEMPOOL"},
+    {"graph_mempool_in_use_bytes", "MEMPOOL_USED"},
     {"created_unix_ms", "CREATED"},
     {NULL, NULL},
 };
@@ -569,11 +571,13 @@ static json_t *device_json(const graphd_device_t *d)
 
 static json_t *pool_json(const graphd_pool_t *p)
 {
-    return json_pack("{s:s, s:s, s:I, s:I, s:I, s:I, s:I, s:I}", "name", p->name, "device",
-                     p->device, "limit_bytes", (json_int_t)p->limit_bytes, "reserved_bytes",
-                     (json_int_t)p->reserved_bytes, "used_bytes", (json_int_t)p->used_bytes,
-                     "regions", (json_int_t)p->regions, "sessions", (json_int_t)p->sessions,
-                     "created_unix_ms", (json_int_t)p->created_unix_ms);
+    return json_pack("{s:s, s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}", "name", p->name,
+                     "device", p->device, "limit_bytes", (json_int_t)p->limit_bytes,
+                     "reserved_bytes", (json_int_t)p->reserved_bytes, "used_bytes",
+                     (json_int_t)p->used_bytes, "regions", (json_int_t)p->regions, "sessions",
+                     (json_int_t)p->sessions, "created_unix_ms", (json_int_t)p->created_unix_ms,
+                     "graph_mempool_reserved_bytes", (json_int_t)p->graph_mempool_reserved_bytes,
+                     "graph_mempool_in_use_bytes", (json_int_t)p->graph_mempool_in_use_bytes);
 }
 
 static int cmd_devices(graphd_client_t *c, const opts_t *o)

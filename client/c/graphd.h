@@ -17,7 +17,9 @@
  *
  * Environment: GRAPHD_ADDRESS (default address), GRAPHD_TIMEOUT_MS (deadline
  * of each RPC and data-plane exchange, default 60000), GRAPHD_TLS_CA (PEM roots
- * trusted for a TCP address, which is always TLS; default: gRPC's roots).
+ * trusted for a TCP address, which is always TLS; default: gRPC's roots),
+ * GRAPHD_SPIN_US (how long a data-plane exchange polls for its reply before
+ * blocking; default 50 on hosts with 4 or more CPUs, else 0).
  */
 #ifndef GRAPHD_H
 #define GRAPHD_H
@@ -97,6 +99,11 @@ typedef struct graphd_pool {
     uint32_t regions;
     uint32_t sessions; /* sessions holding a region in the pool */
     uint64_t created_unix_ms;
+    /* CUDA pools: device memory of the pool's graph mempool (libtorch's caching allocator), where
+     * its graphs' captured allocations live; not in reserved_bytes/used_bytes, which count the
+     * pool's regions. 0 for a cpu pool. */
+    uint64_t graph_mempool_reserved_bytes; /* allocator segments the mempool owns */
+    uint64_t graph_mempool_in_use_bytes;   /* bytes of them held by live allocations */
 } graphd_pool_t;
 
 /*
@@ -170,14 +177,31 @@ int graphd_pool_delete(graphd_client_t *c, const char *name /* [in] */);
 int graphd_region_alloc(graphd_client_t *c, const char *pool /* [in][optional] NULL: default */,
                         uint64_t size, graphd_region_t **out /* [out] */);
 /*
+ * The same in device memory of the pool's CUDA device: the daemon allocates it (cudaMalloc) and
+ * this process opens it with CUDA IPC (the CUDA runtime is loaded at run time, the first time).
+ * graphd_region_ptr is then a device pointer on that device and graphd_region_is_device 1; the
+ * pool's limit counts it as any region. Nothing orders this process's device work on it against
+ * the daemon's: synchronise before freeing it. The daemon frees it with FreeRegion or the session
+ * (graphd_region_free and graphd_goodbye close the IPC mapping first, after waiting for the
+ * device). GRAPHD_EINVALID_ARGUMENT for a pool that is not on a cuda device;
+ * GRAPHD_EFAILED_PRECONDITION when this process cannot load the CUDA runtime or open the handle
+ * (the daemon's region is freed again); otherwise as graphd_region_alloc.
+ */
+int graphd_region_alloc_device(graphd_client_t *c,
+                               const char *pool /* [in][optional] NULL: default */, uint64_t size,
+                               graphd_region_t **out /* [out] */);
+/*
  * Maps an existing region of this session by id (e.g. one the daemon made).
  * GRAPHD_ENOT_FOUND, GRAPHD_EPERMISSION_DENIED for another session's region.
  */
 int graphd_region_map(graphd_client_t *c, uint64_t region_id, graphd_region_t **out /* [out] */);
 /*
  * Frees the region in the daemon (FreeRegion), then unmaps it and frees the
- * handle. The handle is gone even when the RPC fails; the RPC's error is
- * returned.
+ * handle (a device region's IPC mapping is closed first, after waiting for
+ * the device: the daemon's cudaFree must come after it). The handle is gone
+ * even when the RPC fails; the RPC's error is returned.
+ * GRAPHD_EFAILED_PRECONDITION for a device-resident graph's region (it goes
+ * with graphd_graph_release).
  */
 int graphd_region_free(graphd_client_t *c, graphd_region_t *r /* [in] consumed */);
 /* FreeRegion by id only: nothing is unmapped here. For tools and tests. */
@@ -190,7 +214,8 @@ uint64_t graphd_region_id(const graphd_region_t *r);
  * region (graphd_region_is_device), a CUDA device pointer opened from the daemon's IPC handle
  * (NULL once the session has ended: the daemon frees device memory with its session). */
 void *graphd_region_ptr(const graphd_region_t *r);
-/* 1 for a region in device memory (a device-resident graph's), 0 for a host region. */
+/* 1 for a region in device memory (a device-resident graph's, or graphd_region_alloc_device's),
+ * 0 for a host region. */
 int graphd_region_is_device(const graphd_region_t *r);
 /* Bytes asked for (for a region mapped by id: its mapped size). */
 uint64_t graphd_region_size(const graphd_region_t *r);
@@ -274,10 +299,10 @@ typedef struct graphd_capture_opts {
     /* 1: the static tensors live in device memory that the daemon allocates on the pool's CUDA
      * device and this process maps with CUDA IPC (the CUDA runtime is loaded at run time, the
      * first time; the pool must be on a cuda device). Each graphd_tensor_t's data is then a
-     * device pointer (on_device = 1). Nothing orders the device work of this process against
-     * the daemon's replays but host synchronisation: finish the work that writes inputs or reads
-     * outputs (cudaStreamSynchronize) before graphd_replay, which returns once the replay has
-     * finished on the device. 0: host regions. */
+     * device pointer (on_device = 1). Order this process's device work against the replays
+     * with graphd_replay_stream (CUDA IPC events, no host synchronisation); or synchronise the
+     * work that writes inputs or reads outputs (cudaStreamSynchronize) before graphd_replay,
+     * which returns once the replay has finished on the device. 0: host regions. */
     int device_resident;
 } graphd_capture_opts_t;
 /* Fills o with the defaults: num_warmup_iters -1, allow_unused_input 0, pool NULL,
@@ -338,6 +363,19 @@ int graphd_graph_has_backward(const graphd_graph_t *g);
  * stays usable), GRAPHD_ENOT_FOUND (the graph is gone).
  */
 int graphd_replay(graphd_graph_t *g, int phase, uint64_t *device_ns /* [out][optional] */);
+/*
+ * Replays one phase of a device-resident graph in the order of a CUDA stream, with no host
+ * synchronisation on either side: the replay starts after the work queued on stream before this
+ * call (the writes into the static tensors), and the work queued on stream after it (reads of the
+ * outputs, the next writes) starts after the replay. stream is a cudaStream_t of the graph's
+ * device (NULL: that device's legacy default stream). It returns once the daemon has launched the
+ * replay, not when the replay has run; launch_ns gets the daemon's launch time. The first call
+ * for a device exchanges a pair of CUDA IPC events with the daemon (EVENTS frame), which the
+ * session keeps. Errors as graphd_replay; GRAPHD_EINVALID_ARGUMENT for a host-staged graph;
+ * GRAPHD_EFAILED_PRECONDITION when the CUDA runtime cannot be loaded or refuses.
+ */
+int graphd_replay_stream(graphd_graph_t *g, int phase, void *stream /* [optional] */,
+                         uint64_t *launch_ns /* [out][optional] */);
 /* The same through the gRPC Replay RPC. */
 int graphd_replay_rpc(graphd_graph_t *g, int phase, uint64_t *device_ns /* [out][optional] */);
 /*

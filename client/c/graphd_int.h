@@ -20,6 +20,7 @@
 #define GRAPHD__DEFAULT_TIMEOUT_MS 60000
 #define GRAPHD__METHOD(name) "/graphd.v1.Graphd/" name
 #define GRAPHD__IPC_HANDLE_SIZE 64 /* a MAP reply's payload for a device region */
+#define GRAPHD__MAX_EVENT_DEVICES 16
 
 struct graphd_region {
     graphd_client_t *client;
@@ -47,6 +48,7 @@ struct graphd_client {
     grpc_channel *channel;
     grpc_completion_queue *cq;
     int timeout_ms;
+    int spin_us; /* how long a frame exchange polls for the reply before blocking */
 
     /* The session, when session_fd >= 0 or session_id != 0. */
     uint64_t session_id;
@@ -55,6 +57,15 @@ struct graphd_client {
     uint64_t seq; /* last data-plane frame sequence number */
     char session_socket[108];
     char daemon_version[64];
+
+    /* Per CUDA device, the events that order graphd_replay_stream (cuda.c), made on first use
+     * and exchanged with the daemon in an EVENTS frame; they belong to the session. */
+    struct graphd__events {
+        int device;
+        void *ready; /* ours: recorded on the caller's stream before an ordered REPLAY */
+        void *done;  /* the daemon's, opened here: the caller's stream waits on it after */
+    } events[GRAPHD__MAX_EVENT_DEVICES];
+    size_t nevents;
 
     graphd_region_t *regions; /* open region handles, newest first */
     graphd_graph_t *graphs;   /* open graph handles, newest first */
@@ -99,6 +110,11 @@ int graphd__dp_request(graphd_client_t *c, uint16_t type, uint64_t id, uint64_t 
 int graphd__dp_request_payload(graphd_client_t *c, uint16_t type, uint64_t id, uint64_t arg,
                                uint64_t *arg_out, int *fd_out, void *payload,
                                size_t *payload_len /* [in,out] */);
+/* The general exchange: the request carries send_len bytes of message after the frame (an
+ * EVENTS request's event handle), the reply's payload as in graphd__dp_request_payload. */
+int graphd__dp_exchange(graphd_client_t *c, uint16_t type, uint64_t id, uint64_t arg,
+                        const void *send, size_t send_len, uint64_t *arg_out, int *fd_out,
+                        void *payload, size_t *payload_len);
 /*
  * Applies the client's timeout to the blocking session socket fd (SO_RCVTIMEO,
  * SO_SNDTIMEO), so that a frame exchange is a plain send and receive.
@@ -125,6 +141,13 @@ int graphd__cuda_index(const char *device);
 int graphd__cuda_open(graphd_client_t *c, int device, const uint8_t *handle, void **ptr);
 /* Waits for the device, then cudaIpcCloseMemHandle. */
 void graphd__cuda_close(int device, void *ptr);
+
+/* An ordered REPLAY (GRAPHD_REPLAY_ORDERED) of graph_id on device, in the order of stream (a
+ * cudaStream_t): see graphd_replay_stream. */
+int graphd__cuda_replay_ordered(graphd_client_t *c, int device, void *stream, uint64_t graph_id,
+                                int phase, uint64_t *launch_ns);
+/* Destroys the session's ordering events (the session ended). */
+void graphd__cuda_events_drop(graphd_client_t *c);
 
 /* Unmaps and frees a graph handle without telling the daemon (graphd_close). */
 void graphd__graph_forget(graphd_graph_t *g);

@@ -122,7 +122,10 @@ out:
     return rc;
 }
 
-int graphd_region_alloc(graphd_client_t *c, const char *pool, uint64_t size, graphd_region_t **out)
+/* AllocRegion (host or device memory), then MAP; on a failure after the RPC the region is freed
+ * again. */
+static int region_alloc(graphd_client_t *c, const char *pool, uint64_t size, int device,
+                        graphd_region_t **out)
 {
     c->last_error[0] = '\0';
     if (out == NULL)
@@ -138,22 +141,29 @@ int graphd_region_alloc(graphd_client_t *c, const char *pool, uint64_t size, gra
     req.session = &ref;
     req.pool = (char *)(pool != NULL ? pool : "");
     req.size = size;
+    req.device = device != 0;
     Graphd__V1__AllocRegionReply *rep;
     int rc = graphd__call(c, GRAPHD__METHOD("AllocRegion"), &req.base,
                           &graphd__v1__alloc_region_reply__descriptor, (ProtobufCMessage **)&rep);
     if (rc != GRAPHD_OK)
         return rc;
     uint64_t id = rep->region_id, got_size = rep->size, mapped = rep->mapped_size;
+    char dev[64];
+    graphd__strlcpy(dev, rep->device, sizeof(dev));
     protobuf_c_message_free_unpacked(&rep->base, NULL);
 
     graphd_region_t *r = NULL;
-    rc = graphd__region_map(c, id, NULL, &r);
-    if (rc == GRAPHD_OK && (mapped != r->mapped_size || got_size > r->mapped_size)) {
+    /* A device region opens on the pool's device; the reply of an older daemon names none. */
+    rc = graphd__region_map(c, id, device && dev[0] != '\0' ? dev : NULL, &r);
+    if (rc == GRAPHD_OK && device && r->device < 0)
+        rc = graphd__fail(c, GRAPHD_EPROTO, "region %llu: asked for device memory, got a memfd",
+                          (unsigned long long)id);
+    else if (rc == GRAPHD_OK && (mapped != r->mapped_size || got_size > r->mapped_size))
         rc = graphd__fail(
             c, GRAPHD_EPROTO, "region %llu: AllocRegion said %llu bytes mapped, MAP said %llu",
             (unsigned long long)id, (unsigned long long)mapped, (unsigned long long)r->mapped_size);
+    if (rc != GRAPHD_OK && r != NULL)
         graphd_region_release(r);
-    }
     if (rc != GRAPHD_OK) {
         /* The daemon holds a region this caller will never see: give it back. */
         char saved[GRAPHD__ERRMSG_MAX];
@@ -166,6 +176,17 @@ int graphd_region_alloc(graphd_client_t *c, const char *pool, uint64_t size, gra
     r->size = got_size;
     *out = r;
     return GRAPHD_OK;
+}
+
+int graphd_region_alloc(graphd_client_t *c, const char *pool, uint64_t size, graphd_region_t **out)
+{
+    return region_alloc(c, pool, size, 0, out);
+}
+
+int graphd_region_alloc_device(graphd_client_t *c, const char *pool, uint64_t size,
+                               graphd_region_t **out)
+{
+    return region_alloc(c, pool, size, 1, out);
 }
 
 int graphd_region_map(graphd_client_t *c, uint64_t region_id, graphd_region_t **out)
@@ -203,7 +224,12 @@ int graphd_region_free(graphd_client_t *c, graphd_region_t *r)
         return graphd__fail(c, GRAPHD_EINVALID_ARGUMENT,
                             "region handle is NULL or not this "
                             "client's");
-    int rc = graphd_region_free_id(c, r->id);
+    uint64_t id = r->id;
+    if (r->device >= 0) { /* the daemon's cudaFree must not come before this process's close */
+        graphd_region_release(r);
+        return graphd_region_free_id(c, id);
+    }
+    int rc = graphd_region_free_id(c, id);
     graphd_region_release(r);
     return rc;
 }

@@ -116,12 +116,18 @@ static void pool_create_delete(void **state)
     assert_non_null(p);
     assert_int_equal(harness_int(p, "limit_bytes"), 2 << 20);
     assert_string_equal(json_string_value(json_object_get(p, "device")), "cpu:0");
+    /* The graph mempool figures (CUDA pools; 0 on the CPU). */
+    assert_non_null(json_object_get(p, "graph_mempool_reserved_bytes"));
+    assert_int_equal(harness_int(p, "graph_mempool_reserved_bytes"), 0);
+    assert_int_equal(harness_int(p, "graph_mempool_in_use_bytes"), 0);
     json_decref(pools);
 
     r = graphctl("--address", h->address, "pools");
     assert_int_equal(r->status, 0);
     assert_non_null(strstr(r->out, "it-ctl"));
     assert_non_null(strstr(r->out, "2 MiB"));
+    assert_non_null(strstr(r->out, "MEMPOOL"));
+    assert_non_null(strstr(r->out, "MEMPOOL_USED"));
 
     /* Daemon-side errors: exit 1, one line naming the status. */
     r = graphctl("--address", h->address, "pool", "create", "it-ctl");

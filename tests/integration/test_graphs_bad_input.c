@@ -483,6 +483,63 @@ static void unknown_and_released_graphs(void **state)
     graphd_close(c);
 }
 
+static void session_gone(graphd_client_t *watch, uint64_t sid, uint64_t gid);
+
+/* Ordered replays (CUDA IPC events) on a daemon without CUDA devices, and the malformed
+ * frames around them: refused with a reply, the session going on; only a wrong message length
+ * breaks the stream. */
+static void ordered_replays_without_cuda(void **state)
+{
+    fixture_t *f = *state;
+    int fd;
+    graphd_client_t *c = client_with_fd(&f->h, "ordered", &fd);
+    graphd_graph_t *g = capture_mlp(c, f, 0);
+    uint64_t gid = graphd_graph_id(g);
+    char msg[GRAPHD_FRAME_MAX_MSG + 1];
+
+    /* An ordered REPLAY without EVENTS first, and unknown flags. */
+    assert_int_equal(dp_replay(fd, 1ull << 41, gid, GRAPHD_REPLAY_ORDERED, msg, sizeof(msg)),
+                     FAILED_PRECONDITION);
+    assert_non_null(strstr(msg, "EVENTS"));
+    assert_int_equal(dp_replay(fd, (1ull << 41) + 1, gid, 0x200, msg, sizeof(msg)),
+                     INVALID_ARGUMENT);
+    assert_non_null(strstr(msg, "flags"));
+
+    /* EVENTS for a device the daemon does not have. */
+    uint8_t raw[GRAPHD_FRAME_SIZE + GRAPHD_IPC_HANDLE_SIZE];
+    graphd_frame_t req = {.magic = GRAPHD_FRAME_MAGIC,
+                          .version = GRAPHD_FRAME_VERSION,
+                          .type = GRAPHD_FRAME_EVENTS,
+                          .seq = (1ull << 41) + 2,
+                          .id = 0,
+                          .msg_len = GRAPHD_IPC_HANDLE_SIZE};
+    graphd_frame_encode(&req, raw);
+    memset(raw + GRAPHD_FRAME_SIZE, 0x5a, GRAPHD_IPC_HANDLE_SIZE);
+    dp_send(fd, raw, sizeof(raw));
+    graphd_frame_t rep;
+    dp_recv_frame(fd, &rep, msg, sizeof(msg));
+    assert_int_equal(rep.type, GRAPHD_FRAME_EVENTS | GRAPHD_FRAME_REPLY);
+    assert_int_equal(rep.seq, req.seq);
+    assert_int_equal(rep.status, NOT_FOUND);
+    assert_non_null(strstr(msg, "cuda:0"));
+    replays_fine(c, g); /* still in step */
+
+    /* libgraphd refuses a stream-ordered replay of a host graph before any CUDA call. */
+    expect(c, graphd_replay_stream(g, GRAPHD_PHASE_FORWARD, NULL, NULL), GRAPHD_EINVALID_ARGUMENT,
+           "host-staged");
+
+    /* EVENTS without its handle: the message length is part of the frame, so a wrong one is a
+     * protocol error that closes the session. */
+    uint64_t sid = graphd_session_id(c);
+    graphd_client_t *bystander = harness_client(&f->h, "bystander");
+    assert_non_null(bystander);
+    dp_send_frame(fd, GRAPHD_FRAME_EVENTS, (1ull << 41) + 3, 0, 0);
+    expect_error_then_close(fd, "EVENTS without a handle");
+    session_gone(bystander, sid, gid);
+    graphd_close(c);
+    graphd_close(bystander);
+}
+
 static void another_sessions_graph(void **state)
 {
     fixture_t *f = *state;
@@ -694,6 +751,7 @@ int main(void)
         cmocka_unit_test(same_bytes_loaded_once),
         cmocka_unit_test(pool_too_small_for_the_capture),
         cmocka_unit_test(unknown_and_released_graphs),
+        cmocka_unit_test(ordered_replays_without_cuda),
         cmocka_unit_test(another_sessions_graph),
         cmocka_unit_test(backward_before_forward),
         cmocka_unit_test(throwing_forward_stays_usable),

@@ -1,7 +1,8 @@
 /*
  * Regions across sessions: two clients map their own regions and cannot
  * touch each other's; status and ListPools numbers follow every alloc and
- * free; Goodbye frees a session's regions while the client's mapping stays.
+ * free; Goodbye frees a session's regions while the client's mapping stays;
+ * device memory is refused on a CPU pool.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -284,6 +285,63 @@ static void goodbye_frees_but_mapping_stays(void **state)
     graphd_close(watch);
 }
 
+/* Device memory needs a pool on a cuda device: on the CPU it is refused, nothing is allocated
+ * and the session carries on. The graph mempool figures of a cpu pool are 0. */
+static void device_region_refused_on_cpu(void **state)
+{
+    harness_t *h = *state;
+    graphd_client_t *c = harness_client(h, "device-on-cpu");
+    assert_non_null(c);
+    assert_int_equal(graphd_pool_create(c, "it-dev-cpu", "cpu:0", 0, NULL), GRAPHD_OK);
+    counts_t base = pool_counts(c, "default");
+
+    const char *pools[] = {NULL, "it-dev-cpu"};
+    for (int i = 0; i < 2; i++) {
+        graphd_region_t *r = (graphd_region_t *)&r; /* must come back NULL */
+        assert_int_equal(graphd_region_alloc_device(c, pools[i], 4096, &r),
+                         GRAPHD_EINVALID_ARGUMENT);
+        assert_null(r);
+        assert_non_null(strstr(graphd_last_error(c), "cuda"));
+        assert_non_null(strstr(graphd_last_error(c), "cpu:0"));
+    }
+    /* Size checks come first, as for host regions. */
+    graphd_region_t *r = NULL;
+    assert_int_equal(graphd_region_alloc_device(c, NULL, 0, &r), GRAPHD_EINVALID_ARGUMENT);
+    assert_int_equal(graphd_region_alloc_device(c, "no-such-pool", 4096, &r), GRAPHD_ENOT_FOUND);
+
+    counts_t k = pool_counts(c, "default");
+    assert_int_equal(k.reserved, base.reserved);
+    assert_int_equal(k.regions, base.regions);
+    k = pool_counts(c, "it-dev-cpu");
+    assert_int_equal(k.regions, 0);
+    assert_int_equal(k.reserved, 0);
+
+    /* A host region in the same pool still works. */
+    assert_int_equal(graphd_region_alloc(c, "it-dev-cpu", 100, &r), GRAPHD_OK);
+    assert_int_equal(graphd_region_is_device(r), 0);
+    fill(r, 3);
+    assert_true(check(graphd_region_ptr(r), 100, 3));
+    assert_int_equal(graphd_region_free(c, r), GRAPHD_OK);
+
+    /* Status and ListPools carry the graph mempool figures: none on the CPU. */
+    json_t *st = harness_status(c);
+    json_t *p = harness_find(json_object_get(st, "pools"), "name", "it-dev-cpu");
+    assert_non_null(p);
+    assert_non_null(json_object_get(p, "graph_mempool_reserved_bytes"));
+    assert_int_equal(harness_int(p, "graph_mempool_reserved_bytes"), 0);
+    assert_int_equal(harness_int(p, "graph_mempool_in_use_bytes"), 0);
+    json_decref(st);
+    graphd_pool_t list[64];
+    size_t n = 64;
+    assert_int_equal(graphd_list_pools(c, &n, list), GRAPHD_OK);
+    for (size_t i = 0; i < n; i++) {
+        assert_int_equal(list[i].graph_mempool_reserved_bytes, 0);
+        assert_int_equal(list[i].graph_mempool_in_use_bytes, 0);
+    }
+    assert_int_equal(graphd_pool_delete(c, "it-dev-cpu"), GRAPHD_OK);
+    graphd_close(c);
+}
+
 static void lists_use_two_calls(void **state)
 {
     harness_t *h = *state;
@@ -353,6 +411,7 @@ int main(void)
         cmocka_unit_test(status_numbers_follow_allocs),
         cmocka_unit_test(named_pool_accounting),
         cmocka_unit_test(goodbye_frees_but_mapping_stays),
+        cmocka_unit_test(device_region_refused_on_cpu),
         cmocka_unit_test(lists_use_two_calls),
     };
     return cmocka_run_group_tests_name("regions", tests, group_setup, group_teardown);

@@ -8,10 +8,12 @@
 #include <stddef.h>
 #include <cmocka.h>
 
+#include <dirent.h>
 #include <errno.h>
 #include <poll.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -66,6 +68,27 @@ int dp_connect(const char *path)
     assert_true(fd >= 0);
     assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
     return fd;
+}
+
+size_t dp_fds_to(const char *path, int *fds, size_t max)
+{
+    size_t n = 0;
+    DIR *d = opendir("/proc/self/fd");
+    assert_non_null(d);
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        int fd = atoi(e->d_name);
+        struct sockaddr_un sa;
+        socklen_t len = sizeof(sa);
+        if (e->d_name[0] == '.' || fd == dirfd(d))
+            continue;
+        if (getpeername(fd, (struct sockaddr *)&sa, &len) == 0 && sa.sun_family == AF_UNIX &&
+            len > offsetof(struct sockaddr_un, sun_path) && strcmp(sa.sun_path, path) == 0 &&
+            n < max)
+            fds[n++] = fd;
+    }
+    closedir(d);
+    return n;
 }
 
 void dp_send(int fd, const void *buf, size_t n)

@@ -23,6 +23,9 @@ void pb_bytes(pb_t *p, unsigned field, const void *data, size_t n);
 void pb_session(pb_t *p, uint64_t id, uint64_t token);
 
 int dp_connect(const char *path);
+/* The descriptors of this process connected to the Unix socket at path (at most max): with the
+ * set from before a client connected, they find that client's own session socket. */
+size_t dp_fds_to(const char *path, int *fds, size_t max);
 void dp_send(int fd, const void *buf, size_t n);
 void dp_send_frame(int fd, uint16_t type, uint64_t seq, uint64_t id, uint64_t arg);
 /* Reads exactly n bytes within 5 s; returns bytes read (< n at EOF), closing passed fds. */

@@ -116,8 +116,9 @@ class EvalNet(nn.Module):
 class BnNet(nn.Module):
     """BatchNorm on the input; also returns copies of the running stats (outputs without grad).
 
-    TorchScript 1.13's optimised graph reads the stats for these copies before batch_norm updates
-    them (eager mode reads them after), so the references come from the reloaded archive."""
+    TorchScript's optimised graph reads the stats for these copies before batch_norm updates them;
+    graphd runs TorchScript without graph optimisation, which reads them after as eager mode does,
+    so the references come from the reloaded archive run the same way."""
 
     def __init__(self):
         super().__init__()
@@ -184,24 +185,25 @@ def make_misc(out, ref):
 
     # BatchNorm: sample args given explicitly, 3 warm-up iterations (forward + grad), then two
     # forward replays; the running stats must move exactly as when PyTorch runs the same
-    # TorchScript module (whose optimised graph reads the stats it returns before batch_norm
-    # updates them, unlike eager mode: the reference is the reloaded archive, not the nn.Module).
+    # TorchScript module as graphd does, without graph optimisation (see BnNet: the copies it
+    # returns are the stats after each update, as in eager mode).
     torch.jit.script(BnNet()).save(os.path.join(out, "bn.pt"))
     bn = torch.jit.load(os.path.join(out, "bn.pt"))
     x0 = torch.randn(6, 5)
     x1 = torch.randn(6, 5) * 2 + 1
     x2 = torch.randn(6, 5) - 3
-    for _ in range(3):
-        xs = x0.clone().requires_grad_(True)
-        outs = bn(xs)
-        torch.autograd.grad(outs[0], [xs] + list(bn.parameters()), torch.zeros_like(outs[0]))
-    ref.put("bn.x0", x0)
-    for i, xi in enumerate((x1, x2), 1):
-        y, rm, rv = bn(xi.clone().requires_grad_(True))
-        ref.put("bn.x%d" % i, xi)
-        ref.put("bn.y%d" % i, y)
-        ref.put("bn.rm%d" % i, rm)
-        ref.put("bn.rv%d" % i, rv)
+    with torch.jit.optimized_execution(False):
+        for _ in range(3):
+            xs = x0.clone().requires_grad_(True)
+            outs = bn(xs)
+            torch.autograd.grad(outs[0], [xs] + list(bn.parameters()), torch.zeros_like(outs[0]))
+        ref.put("bn.x0", x0)
+        for i, xi in enumerate((x1, x2), 1):
+            y, rm, rv = bn(xi.clone().requires_grad_(True))
+            ref.put("bn.x%d" % i, xi)
+            ref.put("bn.y%d" % i, y)
+            ref.put("bn.rm%d" % i, rm)
+            ref.put("bn.rv%d" % i, rv)
 
     torch.jit.script(BadBuffer()).save(os.path.join(out, "badbuf.pt"))
 
@@ -250,6 +252,27 @@ def make_big(out, ref):
     ref.put("big.y", lin(x))
 
 
+class Slow(nn.Module):
+    """A forward that takes long on purpose: 64 rounds of tanh(x @ w) with one 256x256 weight, so
+    its cost grows with the batch the caller captures it at (test_devices.c's [256, 256] input:
+    1 GFLOP, about 0.4 s with the reference BLAS on 2 cores). No parameter requires grad: no
+    backward."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(256, 256) / 16, requires_grad=False)
+
+    def forward(self, x):
+        for _ in range(64):
+            x = torch.tanh(x @ self.w)
+        return x
+
+
+def make_slow(out):
+    torch.manual_seed(555)
+    torch.jit.script(Slow()).save(os.path.join(out, "slow.pt"))
+
+
 def main():
     if len(sys.argv) != 2:
         sys.exit("usage: make_models.py OUTDIR")
@@ -261,6 +284,7 @@ def main():
     make_two(out, ref)
     make_misc(out, ref)
     make_big(out, ref)
+    make_slow(out)
     ref.write(os.path.join(out, "ref.txt"))
 
 

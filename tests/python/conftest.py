@@ -1,6 +1,7 @@
 """Fixtures for the Python client tests: one real graphd per test session, started from
-$GRAPHD_BUILD (default build/) on a socket in a temporary directory with an empty config, with
-GRAPHD_ADDRESS pointing at it; stopped with SIGTERM at the end, which must exit 0.
+$GRAPHD_BUILD (default build/) on a socket in a temporary directory with an empty config and the
+CPU split into two devices, cpu:0 and cpu:1 (test_devices.py), with GRAPHD_ADDRESS pointing at
+it; stopped with SIGTERM at the end, which must exit 0.
 
 tests/run_tests.sh runs these with PYTHONPATH=client/python and GRAPHD_BUILD set; from the source
 tree, `PYTHONPATH=client/python /usr/bin/python3 -m pytest -q tests/python` does the same.
@@ -62,7 +63,8 @@ def daemon(tmp_path_factory):
     address = "unix:%s" % (d / "graphd.sock")
     log = d / "graphd.log"
     with open(log, "w") as out:
-        proc = subprocess.Popen([str(exe), "--config", "/dev/null", "--listen", address],
+        proc = subprocess.Popen([str(exe), "--config", "/dev/null", "--listen", address,
+                                 "--cpu-devices", "2"],
                                 stdout=out, stderr=subprocess.STDOUT)
     os.environ["GRAPHD_ADDRESS"] = address
     dm = Daemon(proc, address, log)

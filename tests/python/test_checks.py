@@ -94,3 +94,17 @@ def test_module_error_in_capture_is_a_runtime_error():
         f(torch.randn(4, 3))
     with pytest.raises(RuntimeError):  # traced locally: the same error, before the daemon
         graphd.make_graphed_callables(f, (torch.randn(4, 3),))
+
+
+def test_arg_on_another_device_is_refused():
+    """A replay's args must be on the device of the graph's static inputs: graphd refuses rather
+    than copy between devices behind the caller's back (a meta tensor stands in for another
+    device on this CPU-only machine; tests/python/test_cuda.py does it with cuda:0 and the
+    CPU)."""
+    m = nn.Linear(4, 4)
+    graphed = graphd.make_graphed_callables(m, (torch.randn(2, 4),))
+    graphed(torch.randn(2, 4))  # fine
+    with pytest.raises(RuntimeError, match="arg 0 is on meta, but the graph's static inputs are "
+                                           "on cpu"):
+        graphed(torch.empty(2, 4, device="meta"))
+    graphed(torch.randn(2, 4))  # still usable

@@ -50,6 +50,29 @@ def test_pool_create_delete_and_errors(client):
     assert e.value.code in ("NOT_FOUND", "INVALID_ARGUMENT")
 
 
+def test_regions(client):
+    """Client.alloc_region: a host region mapped here, counted by its pool, freed once; device
+    memory is refused on a cpu pool (test_cuda.py allocates it on cuda:0)."""
+    import ctypes
+    pools = {p["name"]: p for p in client.pools()}
+    assert pools["default"]["graph_mempool_reserved_bytes"] == 0  # a cpu pool has no mempool
+    assert pools["default"]["graph_mempool_in_use_bytes"] == 0
+    before = pools["default"]["used_bytes"]
+    r = client.alloc_region(1000)
+    assert isinstance(r, graphd.Region) and not r.is_device and r.size == 1000
+    assert r.mapped_size >= 1000 and r.ptr
+    ctypes.memset(r.ptr, 0x5A, r.size)
+    assert ctypes.string_at(r.ptr, 4) == b"\x5a" * 4
+    assert {p["name"]: p for p in client.pools()}["default"]["used_bytes"] == before + 1000
+    r.free()
+    r.free()  # idempotent
+    assert {p["name"]: p for p in client.pools()}["default"]["used_bytes"] == before
+    with pytest.raises(graphd.InvalidArgument) as e:
+        client.alloc_region(4096, device=True)
+    assert "cuda" in str(e.value) and "cpu:0" in str(e.value)
+    assert {p["name"]: p for p in client.pools()}["default"]["used_bytes"] == before
+
+
 def test_unreachable_daemon(tmp_path):
     c = graphd.Client("unix:%s" % (tmp_path / "nobody.sock"))
     with pytest.raises(graphd.Unavailable) as e:

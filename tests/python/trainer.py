@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """A training process for the multi-process tests: trains a case side by side eagerly and
-through graphd (pool = graphd.graph_pool_handle(NAME)) and reports on stdout, one line each:
+through graphd (pool = graphd.graph_pool_handle(NAME, device=DEVICE)) and reports on stdout, one line each:
 
     captured <session id> <pid> <graph ids, comma-separated>
     step <k> <graphd loss>                  (every --every steps)
@@ -23,6 +23,7 @@ import gd_models
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--pool", required=True)
+    ap.add_argument("--device")
     ap.add_argument("--case", default="mlp")
     ap.add_argument("--opt", default="sgd")
     ap.add_argument("--steps", type=int, default=100)
@@ -47,7 +48,7 @@ def main():
             print("step %d %.8g" % (k, loss), flush=True)
         return a.stop_file is not None and os.path.exists(a.stop_file)
 
-    pool = graphd.graph_pool_handle(a.pool)
+    pool = graphd.graph_pool_handle(a.pool, device=a.device)
     result = gd_models.train_side_by_side(gd_models.CASES[a.case], a.opt, steps=a.steps,
                                           seed=a.seed, pool=pool, on_step=step, on_ready=ready)
     n = len(result[1])

@@ -541,6 +541,13 @@ static void test_two_callables_parity(void **state)
     tgraph_t t[2];
     assert_int_equal(capture(2, specs, &opts, t), GR_OK);
     assert_error(gr_pool_destroy(pool), GR_EBUSY, NULL);
+    /* A CPU pool holds no memory of its own: its static tensors are the caller's blocks. */
+    uint64_t reserved = 1, in_use = 1;
+    assert_int_equal(gr_pool_memory(pool, &reserved, &in_use), GR_OK);
+    assert_int_equal(reserved, 0);
+    assert_int_equal(in_use, 0);
+    assert_error(gr_pool_memory(NULL, &reserved, &in_use), GR_EINVAL, NULL);
+    assert_error(gr_pool_memory(pool, NULL, &in_use), GR_EINVAL, NULL);
     assert_int_equal(count_role(&t[0], GR_ROLE_GRAD_INPUT), 0);
     assert_int_equal(count_role(&t[1], GR_ROLE_GRAD_INPUT), 1);
 
@@ -774,10 +781,19 @@ static void bn_buffer_tensors_on(const char *device, double tol)
     float *rm = f32(&t, GR_ROLE_BUFFER, 0), *rv = f32(&t, GR_ROLE_BUFFER, 1);
     int64_t *nbt = at(&t, find(&t, GR_ROLE_BUFFER, 2)->offset);
 
-    /* After capture: as the three warm-up iterations left them (probe and capture leave no
-     * trace). bn.rm1/rv1 are what replay 1 reads before its update, i.e. the same values. */
-    assert_close(rm, ref("bn.rm1", 5), 5, tol, "rm after capture");
-    assert_close(rv, ref("bn.rv1", 5), 5, tol, "rv after capture");
+    /* After capture: as the three warm-up iterations on x0 left them from (0, 1) (capture
+     * leaves no trace). */
+    float warm_rm[5] = {0, 0, 0, 0, 0}, warm_rv[5] = {1, 1, 1, 1, 1};
+    double want_warm_rm[5], want_warm_rv[5];
+    for (int it = 0; it < 3; it++) {
+        bn_update(x0, 6, 5, warm_rm, warm_rv, want_warm_rm, want_warm_rv);
+        for (int j = 0; j < 5; j++) {
+            warm_rm[j] = (float)want_warm_rm[j];
+            warm_rv[j] = (float)want_warm_rv[j];
+        }
+    }
+    assert_close(rm, want_warm_rm, 5, tol, "rm after capture");
+    assert_close(rv, want_warm_rv, 5, tol, "rv after capture");
     assert_int_equal(*nbt, 3);
 
     const char *inputs[2] = {"bn.x1", "bn.x2"};
@@ -789,10 +805,9 @@ static void bn_buffer_tensors_on(const char *device, double tol)
         assert_close(rm, want_rm, 5, tol, "rm");
         assert_close(rv, want_rv, 5, tol, "rv");
         assert_int_equal(*nbt, 4 + k);
-        if (k == 0) { /* and as PyTorch itself moved them */
-            assert_close(rm, ref("bn.rm2", 5), 5, tol, "bn.rm2");
-            assert_close(rv, ref("bn.rv2", 5), 5, tol, "bn.rv2");
-        }
+        /* and as PyTorch itself moved them */
+        assert_close(rm, ref(k == 0 ? "bn.rm1" : "bn.rm2", 5), 5, tol, "bn.rm");
+        assert_close(rv, ref(k == 0 ? "bn.rv1" : "bn.rv2", 5), 5, tol, "bn.rv");
         float brm[5], brv[5];
         memcpy(brm, rm, sizeof brm);
         memcpy(brv, rv, sizeof brv);
@@ -806,7 +821,7 @@ static void bn_buffer_tensors_on(const char *device, double tol)
     }
 
     /* The client writes the buffers (as load_state_dict would): the next FORWARD reads and
-     * updates what it wrote. OUTPUT 1 is the running mean the FORWARD read. */
+     * updates what it wrote. OUTPUT 1 is the running mean after the FORWARD's update. */
     for (int j = 0; j < 5; j++) {
         rm[j] = 0.0f;
         rv[j] = 1.0f;
@@ -816,8 +831,7 @@ static void bn_buffer_tensors_on(const char *device, double tol)
     double want_rm[5], want_rv[5];
     bn_update(f32(&t, GR_ROLE_INPUT, 0), 6, 5, rm, rv, want_rm, want_rv);
     replay_ok(t.g, GR_PHASE_FORWARD);
-    for (int j = 0; j < 5; j++)
-        assert_float_equal(f32(&t, GR_ROLE_OUTPUT, 1)[j], 0.0f, 0.0f);
+    assert_close(f32(&t, GR_ROLE_OUTPUT, 1), want_rm, 5, tol, "OUTPUT 1 after a write");
     assert_close(rm, want_rm, 5, tol, "rm after a write");
     assert_close(rv, want_rv, 5, tol, "rv after a write");
     assert_int_equal(*nbt, 101);
@@ -1218,6 +1232,57 @@ static void test_concurrent_workers(void **state)
     free(bytes);
 }
 
+/* The CPU split into two devices (gr_cpu_devices): cpu:1 exists only after the split, trains
+ * exactly as cpu:0 in a pool of its own and says so in its info; gr_devices still lists no CPU
+ * device. The split is undone at the end for the tests that follow. */
+static void test_cpu_devices(void **state)
+{
+    (void)state;
+    size_t listed = 0, listed_split = 0;
+    assert_int_equal(gr_devices(&listed, NULL), GR_OK);
+    gr_pool_t *pool = NULL;
+    assert_error(gr_pool_create("cpu:1", &pool), GR_ENOTFOUND, "cpu:1");
+    assert_error(gr_cpu_devices(0), GR_EINVAL, NULL);
+    assert_error(gr_cpu_devices(65), GR_EINVAL, NULL);
+    assert_int_equal(gr_cpu_devices(2), GR_OK);
+    assert_error(gr_pool_create("cpu:2", &pool), GR_ENOTFOUND, "cpu:2");
+    assert_int_equal(gr_devices(&listed_split, NULL), GR_OK);
+    assert_int_equal(listed_split, listed);
+
+    assert_int_equal(gr_pool_create("cpu:1", &pool), GR_OK);
+    gr_module_t *m = load_model("mlp.pt");
+    const int64_t xs[2] = {16, 16};
+    gr_arg_spec_t arg = f32_arg(2, xs, 0);
+    gr_callable_spec_t spec = {m, NULL, 1, &arg};
+    gr_capture_opts_t opts;
+    gr_capture_opts_init(&opts);
+    opts.pool = pool;
+    gr_capture_t *c = NULL;
+    assert_error(gr_capture_prepare("cpu:0", 1, &spec, &opts, &c), GR_EINVAL, "pool is on cpu:1");
+    tgraph_t t;
+    assert_int_equal(capture_on("cpu:1", 1, &spec, &opts, &t), GR_OK);
+    gr_graph_info_t info;
+    assert_int_equal(gr_graph_info(t.g, &info), GR_OK);
+    assert_string_equal(info.device, "cpu:1");
+    assert_error(gr_pool_destroy(pool), GR_EBUSY, NULL);
+
+    const double *x = ref("mlp.x", 256), *y = ref("mlp.y", 128);
+    const double *losses = ref("mlp.losses", STEPS);
+    for (int step = 0; step < STEPS; step++) {
+        put(&t, GR_ROLE_INPUT, 0, x);
+        replay_ok(t.g, GR_PHASE_FORWARD);
+        double loss = mse_step(&t, y);
+        replay_ok(t.g, GR_PHASE_BACKWARD);
+        sgd(&t);
+        assert_rel(loss, losses[step], "mlp on cpu:1", step);
+    }
+    release(&t, 1);
+    assert_int_equal(gr_pool_destroy(pool), GR_OK);
+    gr_module_release(m);
+    assert_int_equal(gr_cpu_devices(1), GR_OK);
+    assert_error(gr_pool_create("cpu:1", &pool), GR_ENOTFOUND, NULL);
+}
+
 /* ---- CUDA (host-staged); skipped where gr_devices lists no GPU --------------------------- */
 
 #define CUDA_REL_TOL 1e-4
@@ -1319,6 +1384,10 @@ static void test_cuda_two_callables_shared_pool(void **state)
     gr_callable_spec_t specs[2] = {{ma, "forward", 1, &arg_a}, {mb, NULL, 1, &arg_b}};
     gr_pool_t *pool = NULL;
     assert_int_equal(gr_pool_create("cuda:0", &pool), GR_OK);
+    uint64_t reserved = 1, in_use = 1;
+    assert_int_equal(gr_pool_memory(pool, &reserved, &in_use), GR_OK);
+    assert_int_equal(reserved, 0); /* nothing captured into its mempool yet */
+    assert_int_equal(in_use, 0);
     gr_capture_opts_t opts;
     gr_capture_opts_init(&opts);
     opts.pool = pool;
@@ -1327,6 +1396,14 @@ static void test_cuda_two_callables_shared_pool(void **state)
     if (rc != GR_OK)
         fail_msg("capture on cuda:0: %s: %s", gr_err_name(rc), gr_last_error());
     assert_error(gr_pool_destroy(pool), GR_EBUSY, NULL);
+    /* The captured forwards and backwards allocated their intermediates in the pool's mempool. */
+    rc = gr_pool_memory(pool, &reserved, &in_use);
+    if (rc != GR_OK)
+        fail_msg("gr_pool_memory: %s: %s", gr_err_name(rc), gr_last_error());
+    printf("# cuda:0 pool mempool: %llu bytes reserved, %llu in use\n",
+           (unsigned long long)reserved, (unsigned long long)in_use);
+    assert_true(reserved > 0);
+    assert_true(in_use <= reserved);
     assert_int_equal(count_role(&t[1], GR_ROLE_GRAD_INPUT), 1);
 
     const double *x = ref("two.x", 256), *y = ref("two.y", 128);
@@ -1433,6 +1510,7 @@ int main(void)
         cmocka_unit_test(test_throwing_forward),
         cmocka_unit_test(test_bad_capture_arguments),
         cmocka_unit_test(test_concurrent_workers),
+        cmocka_unit_test(test_cpu_devices),
         cmocka_unit_test(test_devices),
         cmocka_unit_test(test_cuda_mlp_training_parity),
         cmocka_unit_test(test_cuda_two_callables_shared_pool),

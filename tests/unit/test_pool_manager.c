@@ -682,6 +682,12 @@ static void test_device_regions(void **state)
     pm_region_t *h = alloc_ok(p, 2, 1);
     assert_int_equal(pm_region_is_device(h), 0);
     assert_null(pm_region_ipc_handle(h));
+    /* The caller's tag: 0 at allocation, kept per region. */
+    assert_int_equal(pm_region_tag(d1), 0);
+    assert_int_equal(pm_region_tag(h), 0);
+    pm_region_set_tag(d1, 7);
+    assert_int_equal(pm_region_tag(d1), 7);
+    assert_int_equal(pm_region_tag(h), 0);
     pm_pool_info_t info = info_of(p);
     assert_int_equal(info.reserved_bytes, 3 * pg);
     assert_int_equal(info.used_bytes, pg + 2);

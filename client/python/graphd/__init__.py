@@ -9,7 +9,7 @@ Environment: GRAPHD_ADDRESS (daemon address, default unix:/run/graphd/graphd.soc
 (path of libgraphd.so), GRAPHD_BUILD (a build directory holding it), GRAPHD_TIMEOUT_MS (libgraphd's
 per-call deadline).
 """
-from .client import (DEFAULT_ADDRESS, Client, Graph, PoolHandle, default_client,
+from .client import (DEFAULT_ADDRESS, Client, Graph, PoolHandle, Region, default_client,
                      graph_pool_handle)
 from .errors import (AlreadyExists, FailedPrecondition, GraphdError, Internal, InvalidArgument,
                      NotFound, PermissionDenied, ResourceExhausted, Unavailable)
@@ -18,7 +18,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "make_graphed_callables", "graph_pool_handle", "Client", "default_client", "Graph",
-    "PoolHandle", "DEFAULT_ADDRESS", "GraphdError", "InvalidArgument", "NotFound",
+    "PoolHandle", "Region", "DEFAULT_ADDRESS", "GraphdError", "InvalidArgument", "NotFound",
     "AlreadyExists", "PermissionDenied", "ResourceExhausted", "FailedPrecondition", "Unavailable",
     "Internal",
 ]

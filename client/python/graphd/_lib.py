@@ -39,7 +39,9 @@ class Pool(ctypes.Structure):
     _fields_ = [("name", ctypes.c_char * 64), ("device", ctypes.c_char * 64),
                 ("limit_bytes", ctypes.c_uint64), ("reserved_bytes", ctypes.c_uint64),
                 ("used_bytes", ctypes.c_uint64), ("regions", ctypes.c_uint32),
-                ("sessions", ctypes.c_uint32), ("created_unix_ms", ctypes.c_uint64)]
+                ("sessions", ctypes.c_uint32), ("created_unix_ms", ctypes.c_uint64),
+                ("graph_mempool_reserved_bytes", ctypes.c_uint64),
+                ("graph_mempool_in_use_bytes", ctypes.c_uint64)]
 
 
 class TensorSpec(ctypes.Structure):
@@ -103,7 +105,17 @@ _CAPTURE_PROTOS = {
     "graphd_graph_has_backward": (_c.c_int, [_P]),
     "graphd_replay": (_c.c_int, [_P, _c.c_int, _U64_P]),
     "graphd_replay_rpc": (_c.c_int, [_P, _c.c_int, _U64_P]),
+    "graphd_replay_stream": (_c.c_int, [_P, _c.c_int, _P, _U64_P]),
     "graphd_graph_release": (_c.c_int, [_P]),
+    # regions (graphd.Region): handles are graphd_region_t *
+    "graphd_region_alloc": (_c.c_int, [_P, _c.c_char_p, _c.c_uint64, _c.POINTER(_P)]),
+    "graphd_region_alloc_device": (_c.c_int, [_P, _c.c_char_p, _c.c_uint64, _c.POINTER(_P)]),
+    "graphd_region_free": (_c.c_int, [_P, _P]),
+    "graphd_region_id": (_c.c_uint64, [_P]),
+    "graphd_region_ptr": (_c.c_void_p, [_P]),
+    "graphd_region_is_device": (_c.c_int, [_P]),
+    "graphd_region_size": (_c.c_uint64, [_P]),
+    "graphd_region_mapped_size": (_c.c_uint64, [_P]),
 }
 
 _lock = threading.Lock()

@@ -73,14 +73,54 @@ class Graph:
         self._finalizer = weakref.finalize(self, client._release_graph, handle)
         self._finalizer.atexit = False
 
-    def replay(self, phase, rpc=False):
+    def replay(self, phase, rpc=False, stream=None):
         """Replays FORWARD (0) or BACKWARD (1); returns the daemon's time in ns. The session
-        socket's REPLAY frame by default, the gRPC Replay RPC with rpc=True."""
+        socket's REPLAY frame by default, the gRPC Replay RPC with rpc=True.
+
+        stream (device-resident graphs): a CUDA stream (a torch.cuda.Stream or its cuda_stream
+        handle; 0 is the default stream) to order the replay by instead of waiting for it: the
+        replay runs after the work queued on the stream so far, the work queued after the call
+        runs after the replay, and the call returns once the daemon has launched it (CUDA IPC
+        events; no host synchronisation)."""
+        if stream is not None:
+            return self._client._replay_stream(self._handle, phase,
+                                               getattr(stream, "cuda_stream", stream))
         return self._client._replay(self._handle, phase, rpc)
 
     def __repr__(self):
         return "<graphd.Graph id=%d pool=%r training=%s tensors=%d>" % (
             self.id, getattr(self.pool, "name", self.pool), self.training, len(self.tensors))
+
+
+class Region:
+    """A shared region of a client's session (Client.alloc_region): host memory mapped here, or,
+    when is_device, device memory of the pool's CUDA device opened here with CUDA IPC. ptr is its
+    address in this process (a CUDA device pointer when is_device), valid until free() or the
+    client's close(), which ends the session (the daemon frees its regions). Freed when garbage
+    collected if free() was not called."""
+
+    def __init__(self, client, handle, pool):
+        fn = _lib.capture_fn
+        self._client = client
+        self._handle = handle
+        self.pool = pool
+        self.id = int(fn("graphd_region_id")(handle))
+        self.size = int(fn("graphd_region_size")(handle))
+        self.mapped_size = int(fn("graphd_region_mapped_size")(handle))
+        self.ptr = int(fn("graphd_region_ptr")(handle) or 0)
+        self.is_device = bool(fn("graphd_region_is_device")(handle))
+        self._finalizer = weakref.finalize(self, client._free_region, handle)
+        self._finalizer.atexit = False
+
+    def free(self):
+        """FreeRegion, then unmaps it here (a device region's mapping is closed first, after
+        waiting for the device). Idempotent."""
+        if self._finalizer.detach() is not None:
+            self._client._free_region(self._handle, raise_errors=True)
+
+    def __repr__(self):
+        return "<graphd.Region id=%d pool=%r size=%d%s>" % (self.id, self.pool, self.size,
+                                                            " device" if self.is_device else "")
 
 
 class PoolHandle:
@@ -204,7 +244,8 @@ class Client:
 
     def pools(self):
         """Pools with their accounting: dicts with name, device, limit_bytes, reserved_bytes,
-        used_bytes, regions, sessions, created_unix_ms."""
+        used_bytes, regions, sessions, created_unix_ms, graph_mempool_reserved_bytes,
+        graph_mempool_in_use_bytes (CUDA pools: the graph mempool's device memory)."""
         return [self._struct_dict(p) for p in self._list(_lib.lib().graphd_list_pools,
                                                           _lib.Pool)]
 
@@ -276,6 +317,34 @@ class Client:
 
     def __repr__(self):
         return "<graphd.Client %s%s>" % (self.address, " closed" if self._closed else "")
+
+    def alloc_region(self, size, pool=None, device=False):
+        """Allocates a shared region of size bytes for this client's session in pool (a
+        PoolHandle, a pool name, or None: the daemon's default pool) and maps it here: host
+        memory, or with device=True device memory of the pool's CUDA device, opened here with
+        CUDA IPC (graphd.InvalidArgument for a pool that is not on a cuda device). Returns a
+        Region. graphd.ResourceExhausted past the pool's limit."""
+        pool_name = pool.name if isinstance(pool, PoolHandle) else pool
+        fn = _lib.capture_fn("graphd_region_alloc_device" if device else "graphd_region_alloc")
+        handle = ctypes.c_void_p()
+        with self._lock:
+            self._check_open()
+            self._ensure_session()
+            rc = fn(self._h, pool_name.encode() if pool_name else None, int(size),
+                    ctypes.byref(handle))
+            if rc != 0:
+                raise self._fail(rc, "AllocRegion failed")
+            return Region(self, handle, pool_name)
+
+    def _free_region(self, handle, raise_errors=False):
+        if _exiting:
+            return  # the process is going: the daemon reclaims on EOF
+        with self._lock:
+            if not self._h:
+                return  # graphd_close freed the handle with the client
+            rc = _lib.capture_fn("graphd_region_free")(self._h, handle)
+            if rc != 0 and raise_errors and self._session:
+                raise self._fail(rc, "FreeRegion failed")
 
     # ---- modules and graphs (used by graphd.make_graphed_callables) --------------------
 
@@ -359,6 +428,16 @@ class Client:
         with self._lock:
             self._check_open()
             rc = fn(handle, int(phase), ctypes.byref(ns))
+            if rc != 0:
+                raise self._fail(rc, "Replay failed")
+        return int(ns.value)
+
+    def _replay_stream(self, handle, phase, stream):
+        ns = ctypes.c_uint64(0)
+        fn = _lib.capture_fn("graphd_replay_stream")
+        with self._lock:
+            self._check_open()
+            rc = fn(handle, int(phase), ctypes.c_void_p(int(stream) or None), ctypes.byref(ns))
             if rc != 0:
                 raise self._fail(rc, "Replay failed")
         return int(ns.value)

@@ -28,13 +28,17 @@ Where graphd differs, and why:
 - Device-resident: when the callables' parameters and sample args are on a CUDA device, the
   static tensors are device memory the daemon allocates on that device and exports with CUDA IPC;
   the views here are CUDA tensors over the same memory (zero copy), so the optimizer updates the
-  daemon's parameters in place on the GPU. Ordering is by host synchronisation for now: the
-  current stream is synchronised before each REPLAY frame (so the inputs, grad-outputs and
-  parameter updates written on it are in memory), and the daemon answers once its replay has
-  finished on the device. A CPU module with device="cuda:N" stays host-staged.
+  daemon's parameters in place on the GPU. Replays are ordered on the current stream by a pair
+  of CUDA IPC events, as if the graph ran on that stream: the daemon's pool stream waits for the
+  work queued before the replay (the writes of inputs, grad-outputs and parameter updates), the
+  current stream waits for the replay before the work queued after it, and neither host waits
+  (GRAPHD_REPLAY_ORDER=sync synchronises both sides instead). A CPU module with
+  device="cuda:N" stays host-staged: its replays have finished when they return.
 """
 import ctypes
 import io
+import os
+import tempfile
 
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
@@ -50,6 +54,12 @@ _DTYPES = {
     torch.int8: _lib.DTYPE_INT8, torch.uint8: _lib.DTYPE_UINT8, torch.bool: _lib.DTYPE_BOOL,
 }
 _TORCH_DTYPES = {v: k for k, v in _DTYPES.items()}
+
+# How device-resident replays are ordered against this process's CUDA work: "events" (default)
+# or "sync" (host synchronisation on both sides; slower, for comparison and debugging).
+_ORDER = os.environ.get("GRAPHD_REPLAY_ORDER", "events")
+if _ORDER not in ("events", "sync"):
+    raise ImportError("graphd: GRAPHD_REPLAY_ORDER must be 'events' or 'sync', not %r" % _ORDER)
 
 _HOOKS_MSG = ("Modules must not have hooks registered at the time they are passed. However, "
               "registering hooks on modules after passing them through make_graphed_callables "
@@ -138,9 +148,26 @@ def _trace(func, args, flat_args):
                 wrapper.training = func.training  # not .train(): keeps the submodules' own modes
             scripted = torch.jit.trace(wrapper, tuple(flat_args), check_trace=False)
             out_spec, prefix = wrapper.out_spec, _WRAPPED
-    buf = io.BytesIO()
-    torch.jit.save(scripted, buf)
-    return buf.getvalue(), out_spec, prefix
+    return _archive(scripted), out_spec, prefix
+
+
+def _archive(scripted):
+    """torch.jit.save's archive of scripted, as bytes. Saved to a file (in memory where /dev/shm
+    exists) that libtorch writes itself: saving to a BytesIO goes through save_to_buffer and
+    Python's writes, about ten times slower (an 8 MB MLP: 10 ms against 120 ms). The file is
+    called "archive", the name torch.jit.save gives a buffer's archive, so the bytes are the same
+    (and so is their SHA-256, which the daemon's module cache goes by)."""
+    shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
+    try:
+        with tempfile.TemporaryDirectory(prefix="graphd-", dir=shm) as d:
+            path = os.path.join(d, "archive")
+            torch.jit.save(scripted, path)
+            with open(path, "rb") as f:
+                return f.read()
+    except (OSError, RuntimeError):  # nowhere to write (a save error comes back below)
+        buf = io.BytesIO()
+        torch.jit.save(scripted, buf)
+        return buf.getvalue()
 
 
 def _spec(t, i, j):
@@ -272,15 +299,24 @@ class _Runner:
                                  if not _same_tensor(view, b)]
         self.out_spec = out_spec
         self.no_grad_outputs = [k for k, rg in enumerate(static.output_requires_grad) if not rg]
-        # Device-resident: the CUDA device whose current stream is synchronised before replays.
+        # Device-resident: the CUDA device whose current stream orders the replays.
         on_device = any(getattr(d, "on_device", 0) for d in graph.tensors)
-        self.sync_device = torch.device(graph.device) if on_device else None
+        self.cuda_device = torch.device(graph.device) if on_device else None
+        self.host_sync = _ORDER == "sync"
 
-    def sync(self):
-        """Device-resident graphs: waits for the work queued on the current stream (the
-        writes into static tensors) before a replay reads or overwrites them."""
-        if self.sync_device is not None:
-            torch.cuda.current_stream(self.sync_device).synchronize()
+    def replay(self, phase):
+        """Replays phase. Device-resident graphs are ordered on the current stream by CUDA IPC
+        events: the replay runs after the work queued so far (the writes into the static
+        tensors) and before the work queued next (reads of the outputs), with no host wait
+        (GRAPHD_REPLAY_ORDER=sync: host synchronisation on both sides instead, for
+        comparison). Host-staged and CPU graphs: the replay has finished when this returns."""
+        if self.cuda_device is None:
+            self.graph.replay(phase)
+        elif self.host_sync:
+            torch.cuda.current_stream(self.cuda_device).synchronize()
+            self.graph.replay(phase)
+        else:
+            self.graph.replay(phase, stream=torch.cuda.current_stream(self.cuda_device))
 
     def __call__(self, *user_args, **user_kwargs):
         if user_kwargs:
@@ -306,6 +342,11 @@ class _Graphed(torch.autograd.Function):
         # same Parameter is shared with another graphed callable (or was rebound since).
         for k, (static, x) in enumerate(zip(s.inputs, inputs)):
             if not _same_tensor(static, x):
+                if x.device != static.device:  # copy_ would move it between devices silently
+                    raise RuntimeError(
+                        "graphd: arg %d is on %s, but the graph's static inputs are on %s (it "
+                        "was captured for that device); move the arg there, or capture another "
+                        "graph on %s" % (k, x.device, static.device, x.device))
                 if x.shape != static.shape:  # copy_ would broadcast it silently
                     raise RuntimeError("graphd: arg %d has shape %s, but the callable was "
                                        "captured with %s" % (k, tuple(x.shape),
@@ -316,8 +357,7 @@ class _Graphed(torch.autograd.Function):
                 static.copy_(p)
         for static, b in runner.mirrored_buffers:
             static.copy_(b)
-        runner.sync()
-        runner.graph.replay(_lib.PHASE_FORWARD)
+        runner.replay(_lib.PHASE_FORWARD)
         for static, b in runner.mirrored_buffers:
             b.copy_(static)
         outs = tuple(o.detach() for o in s.outputs)
@@ -336,8 +376,7 @@ class _Graphed(torch.autograd.Function):
                 static.zero_()
             elif not _same_tensor(static, grad):
                 static.copy_(grad)
-        runner.sync()
-        runner.graph.replay(_lib.PHASE_BACKWARD)
+        runner.replay(_lib.PHASE_BACKWARD)
         need = ctx.needs_input_grad
         result = [None]  # the runner
         for k in range(runner.n_args):

@@ -1,0 +1,195 @@
+/*
+ * Ordering by CUDA IPC events: EVENTS frames and ordered REPLAYs.
+ *
+ * A device-resident client sends, once per device, the IPC handle of an event it records on its
+ * own stream after writing a replay's inputs; the daemon answers with the handle of an event it
+ * records on the pool's stream after each ordered replay. A REPLAY with GRAPHD_REPLAY_ORDERED
+ * then costs no host synchronisation on either side: the pool's stream waits on the client's
+ * event, the client's stream waits on the daemon's, and the daemon replies as soon as the graph
+ * is launched. Re-recording either event is safe because a wait takes the event's state when it
+ * is queued: the client waits on the daemon's event before its next REPLAY frame, and the daemon
+ * queues its wait before it replies.
+ *
+ * The events are opened, used and destroyed on the device's worker thread, the only thread that
+ * touches that device; the session's list of them belongs to the loop.
+ */
+#include "daemon.h"
+#include "log.h"
+#include "runtime.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct gd_events {
+    char device[32]; /* "cuda:0" */
+    gd_worker_t *worker;
+    gr_event_t *wait; /* the client's, opened here */
+    gr_event_t *done; /* the daemon's */
+    gd_events_t *next;
+};
+
+/* ---- EVENTS frames ------------------------------------------------------ */
+
+typedef struct {
+    gd_job_t job;
+    gd_daemon_t *d;
+    gd_wire_t *wire;
+    uint64_t session, seq, device_index;
+    char device[32];
+    uint8_t client_handle[GRAPHD_IPC_HANDLE_SIZE];
+    uint8_t handle[GRAPHD_IPC_HANDLE_SIZE]; /* the daemon's, for the reply */
+    gd_events_t *ev;
+    int rc;
+    char msg[GRAPHD_FRAME_MAX_MSG];
+} events_job_t;
+
+static void send_reply(gd_wire_t *wire, uint64_t seq, uint64_t id, int status, const char *msg,
+                       const uint8_t *handle)
+{
+    graphd_frame_t f = {.magic = GRAPHD_FRAME_MAGIC,
+                        .version = GRAPHD_FRAME_VERSION,
+                        .type = GRAPHD_FRAME_EVENTS | GRAPHD_FRAME_REPLY,
+                        .seq = seq,
+                        .id = id,
+                        .status = status};
+    if (status == GD_OK)
+        gd_wire_send_bytes(wire, &f, handle, GRAPHD_IPC_HANDLE_SIZE, -1);
+    else
+        gd_wire_send(wire, &f, msg, -1);
+}
+
+static void destroy_run(gd_job_t *job)
+{
+    events_job_t *j = (events_job_t *)job;
+    if (j->ev) {
+        gr_event_destroy(j->ev->wait);
+        gr_event_destroy(j->ev->done);
+        free(j->ev);
+    }
+    free(j);
+}
+
+/* Destroys ev's events on its worker, after every replay already queued there. */
+static void destroy_later(gd_events_t *ev)
+{
+    events_job_t *j = calloc(1, sizeof *j);
+    if (j == NULL) { /* leak the two events rather than destroy them under a queued replay */
+        gd_error("out of memory: leaking the events of %s", ev->device);
+        return;
+    }
+    j->ev = ev;
+    j->job.run = destroy_run;
+    gd_worker_submit(ev->worker, &j->job);
+}
+
+static void open_run(gd_job_t *job)
+{
+    events_job_t *j = (events_job_t *)job;
+    gd_events_t *ev = j->ev;
+    j->rc = gr_event_open(j->device, j->client_handle, &ev->wait);
+    if (j->rc == GR_OK)
+        j->rc = gr_event_create(j->device, &ev->done, j->handle);
+    if (j->rc != GR_OK) {
+        snprintf(j->msg, sizeof j->msg, "%s", gr_last_error());
+        gr_event_destroy(ev->wait);
+        ev->wait = NULL;
+    }
+}
+
+static void open_done(gd_job_t *job)
+{
+    events_job_t *j = (events_job_t *)job;
+    gd_session_t *s = gd_session_find(j->d, j->session);
+    if (j->rc != GR_OK) {
+        send_reply(j->wire, j->seq, j->device_index,
+                   j->rc == GR_EUNSUPPORTED ? GD_UNIMPLEMENTED : GD_INVALID_ARGUMENT, j->msg,
+                   NULL);
+        free(j->ev);
+    } else if (s == NULL || gd_events_find(s, j->device) != NULL) {
+        /* The session ended meanwhile, or a second EVENTS for the device overtook this one. */
+        send_reply(j->wire, j->seq, j->device_index, GD_ALREADY_EXISTS,
+                   "the session already has events for this device", NULL);
+        destroy_later(j->ev);
+    } else {
+        j->ev->next = s->events;
+        s->events = j->ev;
+        send_reply(j->wire, j->seq, j->device_index, GD_OK, NULL, j->handle);
+        gd_debug("session %llu: replays on %s ordered by IPC events", (unsigned long long)s->id,
+                 j->device);
+    }
+    gd_wire_unref(j->wire);
+    free(j);
+}
+
+void gd_events_frame(gd_daemon_t *d, gd_session_t *s, gd_wire_t *wire, const graphd_frame_t *f,
+                     const uint8_t *payload)
+{
+    char device[32];
+    snprintf(device, sizeof device, "cuda:%llu", (unsigned long long)f->id);
+    gd_worker_t *w = gd_worker_for(d, device);
+    char msg[96];
+    if (w == NULL) {
+        snprintf(msg, sizeof msg, "no device %s", device);
+        send_reply(wire, f->seq, f->id, GD_NOT_FOUND, msg, NULL);
+        return;
+    }
+    if (gd_events_find(s, device) != NULL) {
+        send_reply(wire, f->seq, f->id, GD_ALREADY_EXISTS,
+                   "the session already has events for this device", NULL);
+        return;
+    }
+    events_job_t *j = calloc(1, sizeof *j);
+    gd_events_t *ev = calloc(1, sizeof *ev);
+    if (j == NULL || ev == NULL) {
+        free(j);
+        free(ev);
+        send_reply(wire, f->seq, f->id, GD_RESOURCE_EXHAUSTED, "out of memory", NULL);
+        return;
+    }
+    snprintf(ev->device, sizeof ev->device, "%s", device);
+    ev->worker = w;
+    j->ev = ev;
+    j->d = d;
+    j->wire = wire;
+    gd_wire_ref(wire);
+    j->session = s->id;
+    j->seq = f->seq;
+    j->device_index = f->id;
+    snprintf(j->device, sizeof j->device, "%s", device);
+    memcpy(j->client_handle, payload, GRAPHD_IPC_HANDLE_SIZE);
+    j->job.run = open_run;
+    j->job.done = open_done;
+    gd_worker_submit(w, &j->job);
+}
+
+/* ---- lookups and teardown ---------------------------------------------- */
+
+gd_events_t *gd_events_find(const gd_session_t *s, const char *device)
+{
+    for (gd_events_t *ev = s->events; ev != NULL; ev = ev->next)
+        if (strcmp(ev->device, device) == 0)
+            return ev;
+    return NULL;
+}
+
+gr_event_t *gd_events_wait(const gd_events_t *ev)
+{
+    return ev->wait;
+}
+
+gr_event_t *gd_events_done(const gd_events_t *ev)
+{
+    return ev->done;
+}
+
+void gd_events_session_ended(gd_session_t *s)
+{
+    gd_events_t *ev = s->events;
+    s->events = NULL;
+    while (ev) {
+        gd_events_t *next = ev->next;
+        destroy_later(ev);
+        ev = next;
+    }
+}
