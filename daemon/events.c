@@ -103,8 +103,7 @@ static void open_done(gd_job_t *job)
     gd_session_t *s = gd_session_find(j->d, j->session);
     if (j->rc != GR_OK) {
         send_reply(j->wire, j->seq, j->device_index,
-                   j->rc == GR_EUNSUPPORTED ? GD_UNIMPLEMENTED : GD_INVALID_ARGUMENT, j->msg,
-                   NULL);
+                   j->rc == GR_EUNSUPPORTED ? GD_UNIMPLEMENTED : GD_INVALID_ARGUMENT, j->msg, NULL);
         free(j->ev);
     } else if (s == NULL || gd_events_find(s, j->device) != NULL) {
         /* The session ended meanwhile, or a second EVENTS for the device overtook this one. */

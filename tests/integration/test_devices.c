@@ -309,29 +309,6 @@ static void graphs_on_each_device_train_like_pytorch(void **state)
     graphd_close(c);
 }
 
-/* A client, and the descriptor of its session socket (the one connection that is new). */
-static graphd_client_t *client_with_fd(const harness_t *h, const char *name, int *fd)
-{
-    char path[HARNESS_PATH_MAX + 16];
-    snprintf(path, sizeof(path), "%s.session", h->sock_path);
-    int before[64], after[64];
-    size_t nb = dp_fds_to(path, before, 64);
-    graphd_client_t *c = harness_client(h, name);
-    assert_non_null(c);
-    size_t na = dp_fds_to(path, after, 64);
-    assert_int_equal(na, nb + 1);
-    *fd = -1;
-    for (size_t i = 0; i < na; i++) {
-        int seen = 0;
-        for (size_t j = 0; j < nb; j++)
-            seen |= after[i] == before[j];
-        if (!seen)
-            *fd = after[i];
-    }
-    assert_true(*fd >= 0);
-    return c;
-}
-
 /* One session sends a REPLAY of a slow graph on cpu:1, then one of a fast graph on cpu:0, on its
  * session socket without waiting: the cpu:0 reply must come back first.
  *
@@ -346,7 +323,7 @@ static void a_slow_device_does_not_hold_up_another(void **state)
 {
     fixture_t *f = *state;
     int fd;
-    graphd_client_t *c = client_with_fd(&f->h, "independent", &fd);
+    graphd_client_t *c = dp_client_with_fd(&f->h, "independent", &fd);
     assert_int_equal(graphd_pool_create(c, "it-slow1", "cpu:1", 0, NULL), GRAPHD_OK);
     harness_graph_t slow, fast;
     /* slow.pt at [256, 256]: 64 rounds of a [256, 256] x [256, 256] matmul (1 GFLOP); no

@@ -152,52 +152,6 @@ static int raw_graph_call(const harness_t *h, const raw_session_t *s, uint64_t g
                             req.len, details, size, NULL, NULL);
 }
 
-/* The descriptors of this process connected to the session socket path. */
-static size_t session_fds(const char *path, int *fds, size_t max)
-{
-    size_t n = 0;
-    DIR *d = opendir("/proc/self/fd");
-    assert_non_null(d);
-    struct dirent *e;
-    while ((e = readdir(d)) != NULL) {
-        int fd = atoi(e->d_name);
-        struct sockaddr_un sa;
-        socklen_t len = sizeof(sa);
-        if (e->d_name[0] == '.' || fd == dirfd(d))
-            continue;
-        if (getpeername(fd, (struct sockaddr *)&sa, &len) == 0 && sa.sun_family == AF_UNIX &&
-            len > offsetof(struct sockaddr_un, sun_path) && strcmp(sa.sun_path, path) == 0 &&
-            n < max)
-            fds[n++] = fd;
-    }
-    closedir(d);
-    return n;
-}
-
-/* A client with a session, and the descriptor of its session socket (the one that is new). */
-static graphd_client_t *client_with_fd(const harness_t *h, const char *name, int *fd)
-{
-    char path[HARNESS_PATH_MAX + 16];
-    snprintf(path, sizeof(path), "%s.session", h->sock_path);
-    int before[64], after[64];
-    size_t nb = session_fds(path, before, 64);
-    graphd_client_t *c = harness_client(h, name);
-    assert_non_null(c);
-    assert_string_equal(graphd_session_socket(c), path);
-    size_t na = session_fds(path, after, 64);
-    assert_int_equal(na, nb + 1);
-    *fd = -1;
-    for (size_t i = 0; i < na; i++) {
-        int seen = 0;
-        for (size_t j = 0; j < nb; j++)
-            seen |= after[i] == before[j];
-        if (!seen)
-            *fd = after[i];
-    }
-    assert_true(*fd >= 0);
-    return c;
-}
-
 /* ---- graph helpers ---------------------------------------------------------------------- */
 
 static graphd_tensor_spec_t f32_spec(uint32_t ndim, const int64_t *shape, int requires_grad)
@@ -453,7 +407,7 @@ static void unknown_and_released_graphs(void **state)
 {
     fixture_t *f = *state;
     int fd;
-    graphd_client_t *c = client_with_fd(&f->h, "released", &fd);
+    graphd_client_t *c = dp_client_with_fd(&f->h, "released", &fd);
     graphd_graph_t *keep = capture_mlp(c, f, 0);
     graphd_graph_t *gone = capture_mlp(c, f, 0);
     uint64_t gone_id = graphd_graph_id(gone);
@@ -492,7 +446,7 @@ static void ordered_replays_without_cuda(void **state)
 {
     fixture_t *f = *state;
     int fd;
-    graphd_client_t *c = client_with_fd(&f->h, "ordered", &fd);
+    graphd_client_t *c = dp_client_with_fd(&f->h, "ordered", &fd);
     graphd_graph_t *g = capture_mlp(c, f, 0);
     uint64_t gid = graphd_graph_id(g);
     char msg[GRAPHD_FRAME_MAX_MSG + 1];
@@ -563,7 +517,7 @@ static void another_sessions_graph(void **state)
 
     /* A libgraphd client of another session, on its own socket, too. */
     int fd;
-    graphd_client_t *thief = client_with_fd(&f->h, "thief", &fd);
+    graphd_client_t *thief = dp_client_with_fd(&f->h, "thief", &fd);
     assert_int_equal(dp_replay(fd, 77, gid, 1, msg, sizeof(msg)), PERMISSION_DENIED);
     graphd_close(thief);
 
@@ -666,7 +620,7 @@ static void garbage_on_a_session_with_graphs(void **state)
     } cases[] = {{"40 bytes of garbage", GRAPHD_FRAME_SIZE, 0}, {"a truncated frame", 10, 1}};
     for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
         int fd;
-        graphd_client_t *c = client_with_fd(&f->h, "victim", &fd);
+        graphd_client_t *c = dp_client_with_fd(&f->h, "victim", &fd);
         graphd_graph_t *g = capture_mlp(c, f, 1);
         expect(c, graphd_replay(g, GRAPHD_PHASE_FORWARD, NULL), GRAPHD_OK, NULL);
         uint64_t sid = graphd_session_id(c), gid = graphd_graph_id(g);

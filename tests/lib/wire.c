@@ -19,6 +19,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "harness.h"
 #include "wire.h"
 
 void pb_varint(pb_t *p, uint64_t v)
@@ -89,6 +90,31 @@ size_t dp_fds_to(const char *path, int *fds, size_t max)
     }
     closedir(d);
     return n;
+}
+
+/* A client with a session, and the descriptor of its session socket in this process (the one
+ * connection to the session socket that is new). */
+graphd_client_t *dp_client_with_fd(const harness_t *h, const char *name, int *fd)
+{
+    char path[HARNESS_PATH_MAX + 16];
+    snprintf(path, sizeof(path), "%s.session", h->sock_path);
+    int before[64], after[64];
+    size_t nb = dp_fds_to(path, before, 64);
+    graphd_client_t *c = harness_client(h, name);
+    assert_non_null(c);
+    assert_string_equal(graphd_session_socket(c), path);
+    size_t na = dp_fds_to(path, after, 64);
+    assert_int_equal(na, nb + 1);
+    *fd = -1;
+    for (size_t i = 0; i < na; i++) {
+        int seen = 0;
+        for (size_t j = 0; j < nb; j++)
+            seen |= after[i] == before[j];
+        if (!seen)
+            *fd = after[i];
+    }
+    assert_true(*fd >= 0);
+    return c;
 }
 
 void dp_send(int fd, const void *buf, size_t n)

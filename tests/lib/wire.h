@@ -26,6 +26,11 @@ int dp_connect(const char *path);
 /* The descriptors of this process connected to the Unix socket at path (at most max): with the
  * set from before a client connected, they find that client's own session socket. */
 size_t dp_fds_to(const char *path, int *fds, size_t max);
+/* A libgraphd client (harness_client) and the descriptor of its session socket in this process,
+ * for tests that write raw frames on a client's own connection. */
+typedef struct harness harness_t;
+typedef struct graphd_client graphd_client_t;
+graphd_client_t *dp_client_with_fd(const harness_t *h, const char *name, int *fd);
 void dp_send(int fd, const void *buf, size_t n);
 void dp_send_frame(int fd, uint16_t type, uint64_t seq, uint64_t id, uint64_t arg);
 /* Reads exactly n bytes within 5 s; returns bytes read (< n at EOF), closing passed fds. */
