@@ -17,9 +17,9 @@ time on one GPU, in three modes:
       device-resident captures too): the static tensors are the daemon's device memory, mapped
       into each process with CUDA IPC. Each client still has its own CUDA context.
   (d) graphd device-resident with a pool per process (pool=None: each capture its own pool).
-      Graphs of one pool share intermediates, so the daemon replays a pool's graphs one after
-      another on the pool's stream; (c) therefore serialises the 8 processes' graphs, (d) lets
-      them overlap on the GPU, at the cost of a graph mempool per process.
+      Since the daemon gives each session of a pool its own graph mempool and stream, (c) and
+      (d) should now perform alike; (d) is kept to show it (an earlier daemon shared one
+      mempool and one stream among a pool's sessions, which serialised (c)).
 
 What is measured, per mode:
 
@@ -92,8 +92,8 @@ MODES = {
     "a": ("in-process torch.cuda.make_graphed_callables", "in-process eager (CPU)"),
     "b": ("graphd host-staged, one shared pool", "graphd cpu:0, one shared pool"),
     "c": ("graphd device-resident, one shared pool", "graphd cpu:0, one shared pool (= b on CPU)"),
-    # Graphs of one pool share their intermediates, so the daemon runs a pool's replays one
-    # after another on one stream; with a pool per process the 8 processes' graphs can overlap.
+    # A pool per process; the same as (c) now that each session of a pool has a mempool and a
+    # stream of its own (an earlier daemon serialised a shared pool's sessions on one stream).
     "d": ("graphd device-resident, a pool per process", "graphd cpu:0, a pool per process"),
 }
 TARGET_MEM_B_OVER_A = 0.3     # (b) GPU memory / (a) GPU memory <= 0.3

@@ -55,8 +55,9 @@ struct gd_module {
  * intermediates, as upstream's graphs of one pool do: that process replays them in the order it
  * captured them. Graphs of two sessions must not: nothing orders one process's FORWARD ...
  * BACKWARD against another's, and the other's FORWARD would overwrite, in memory the allocator
- * handed to both captures, the activations the first saved for its BACKWARD. The daemon's pool
- * (its name, device, limit, regions, status) is still one, and so is its stream.
+ * handed to both captures, the activations the first saved for its BACKWARD. Each runtime pool
+ * also has a stream of its own (the CUDA family's make_pool), so two sessions' replays may overlap
+ * on the device. The daemon's pool (its name, device, limit, regions, status) is still one.
  * Only the pool's worker touches rpools (creates, counts, measures, destroys them).
  */
 typedef struct gd_rpool {
