@@ -195,6 +195,9 @@ int gd_graphs_start(gd_daemon_t *d)
             return -1;
         d->nworkers++;
     }
+    if (d->nworkers > 0 && d->cfg.worker_spin_us > 0 && d->workers[0].spin_ns == 0)
+        gd_info("worker_spin_us %llu ignored: fewer than 4 CPUs, idle workers sleep at once",
+                (unsigned long long)d->cfg.worker_spin_us);
     return 0;
 }
 
