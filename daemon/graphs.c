@@ -100,7 +100,7 @@ struct gd_graph {
     gd_graph_t *next;
 };
 
-static int status_from_gr(int err)
+int gd_status_from_gr(int err)
 {
     switch (err) {
     case GR_OK:
@@ -121,22 +121,12 @@ static int status_from_gr(int err)
     }
 }
 
-int gd_status_from_gr(int gr_err)
-{
-    return status_from_gr(gr_err);
-}
-
-static gd_worker_t *worker_for(gd_daemon_t *d, const char *device)
+gd_worker_t *gd_worker_for(gd_daemon_t *d, const char *device)
 {
     for (size_t i = 0; i < d->nworkers; i++)
         if (strcmp(d->workers[i].device, device) == 0)
             return &d->workers[i];
     return NULL;
-}
-
-gd_worker_t *gd_worker_for(gd_daemon_t *d, const char *device)
-{
-    return worker_for(d, device);
 }
 
 /* ---- device memory ----------------------------------------------------- */
@@ -160,7 +150,7 @@ static void devfree_run(gd_job_t *job)
 static void device_free_hook(void *ctx, const char *device, void *ptr, uint64_t size)
 {
     gd_daemon_t *d = ctx;
-    gd_worker_t *w = worker_for(d, device);
+    gd_worker_t *w = gd_worker_for(d, device);
     if (w == NULL) { /* the workers have stopped: nothing can use the memory any more */
         if (gr_device_free(device, ptr) != GR_OK)
             gd_warn("freeing device memory on %s: %s", device, gr_last_error());
@@ -485,7 +475,7 @@ static void load_done(uv_work_t *w, int status)
     if (op->map)
         munmap(op->map, op->map_len);
     if (op->rc != GR_OK) {
-        gd_call_fail(op->call, status_from_gr(op->rc), "module does not load: %s", op->msg);
+        gd_call_fail(op->call, gd_status_from_gr(op->rc), "module does not load: %s", op->msg);
         free(op);
         return;
     }
@@ -800,7 +790,7 @@ static void capture_finish_done(gd_job_t *job)
     gd_session_t *s = gd_session_find(d, op->session);
     if (op->rc != GR_OK) {
         capture_unwind(d, op, s != NULL);
-        gd_call_fail(op->call, status_from_gr(op->rc), "capture failed: %s", op->msg);
+        gd_call_fail(op->call, gd_status_from_gr(op->rc), "capture failed: %s", op->msg);
         capture_op_free(d, op);
         return;
     }
@@ -913,7 +903,7 @@ static void capture_prepare_done(gd_job_t *job)
     gd_daemon_t *d = op->d;
     op->regions_start = gd_now_ns();
     if (op->rc != GR_OK) {
-        gd_call_fail(op->call, status_from_gr(op->rc), "%s", op->msg);
+        gd_call_fail(op->call, gd_status_from_gr(op->rc), "%s", op->msg);
         capture_op_free(d, op);
         return;
     }
@@ -1100,7 +1090,7 @@ void gd_rpc_capture(void *ctx, gd_call_t *call, const ProtobufCMessage *msg)
                      pinfo.device);
         return;
     }
-    gd_worker_t *w = worker_for(d, pinfo.device);
+    gd_worker_t *w = gd_worker_for(d, pinfo.device);
     if (w == NULL) {
         gd_call_fail(call, GD_FAILED_PRECONDITION, "pool '%s' is on %s, which runs no graphs",
                      pool_name, pinfo.device);
@@ -1211,7 +1201,7 @@ static void replay_frame_run(gd_job_t *job)
                         .seq = j->seq,
                         .id = j->graph->id,
                         .arg = j->device_ns,
-                        .status = status_from_gr(j->rc)};
+                        .status = gd_status_from_gr(j->rc)};
     replay_account(j);
     gd_wire_send(j->wire, &f, j->rc == GR_OK ? NULL : gr_last_error(), -1);
     gd_wire_unref(j->wire);
@@ -1231,7 +1221,7 @@ static void replay_call_done(gd_job_t *job)
 {
     replay_job_t *j = (replay_job_t *)job;
     if (j->rc != GR_OK) {
-        gd_call_fail(j->call, status_from_gr(j->rc), "%s", j->msg);
+        gd_call_fail(j->call, gd_status_from_gr(j->rc), "%s", j->msg);
     } else {
         Graphd__V1__ReplayReply rep = GRAPHD__V1__REPLAY_REPLY__INIT;
         rep.device_ns = j->device_ns;
