@@ -80,6 +80,22 @@ static const char *cuda_str(int err)
     return rt.error_string ? rt.error_string(err) : "CUDA error";
 }
 
+/* Makes device current for its scope (restored by device_restore); the previous one, or -1. */
+static int device_enter(int device, int *err)
+{
+    int prev = -1;
+    if (rt.get_device(&prev) != 0)
+        prev = -1;
+    *err = prev == device ? 0 : rt.set_device(device);
+    return prev;
+}
+
+static void device_restore(int prev, int device)
+{
+    if (prev >= 0 && prev != device)
+        (void)rt.set_device(prev);
+}
+
 int graphd__cuda_index(const char *device)
 {
     if (device == NULL || strncmp(device, "cuda", 4) != 0)
@@ -100,19 +116,16 @@ int graphd__cuda_open(graphd_client_t *c, int device, const uint8_t *handle, voi
         return graphd__fail(c, GRAPHD_EFAILED_PRECONDITION, "device region: %s", rt.error);
     ipc_handle_t h;
     memcpy(h.reserved, handle, sizeof(h.reserved));
-    int prev = -1;
-    if (rt.get_device(&prev) != 0)
-        prev = -1;
-    if (device < 0)
-        device = prev >= 0 ? prev : 0;
-    int err = prev == device ? 0 : rt.set_device(device);
+    if (device < 0 && rt.get_device(&device) != 0)
+        device = 0;
+    int err;
+    int prev = device_enter(device, &err);
     if (err != 0)
         return graphd__fail(c, GRAPHD_EFAILED_PRECONDITION, "cudaSetDevice(%d): %s", device,
                             cuda_str(err));
     void *p = NULL;
     err = rt.ipc_open(&p, h, CUDA_IPC_LAZY_ENABLE_PEER_ACCESS);
-    if (prev >= 0 && prev != device)
-        (void)rt.set_device(prev);
+    device_restore(prev, device);
     if (err != 0)
         return graphd__fail(c, GRAPHD_EFAILED_PRECONDITION,
                             "cudaIpcOpenMemHandle on cuda:%d: %s (is this process on the daemon's "
@@ -126,35 +139,15 @@ void graphd__cuda_close(int device, void *ptr)
 {
     if (ptr == NULL || rt.ipc_close == NULL)
         return;
-    int prev = -1;
-    if (rt.get_device(&prev) != 0)
-        prev = -1;
-    if (prev != device)
-        (void)rt.set_device(device);
+    int err;
+    int prev = device_enter(device, &err);
     /* Work the caller queued on the memory (an optimizer step) must finish before it goes. */
     (void)rt.device_synchronize();
     (void)rt.ipc_close(ptr);
-    if (prev >= 0 && prev != device)
-        (void)rt.set_device(prev);
+    device_restore(prev, device);
 }
 
 /* ---- ordered replays -------------------------------------------------------------------- */
-
-/* Makes device current for its scope (restored by device_restore); the previous one, or -1. */
-static int device_enter(int device, int *err)
-{
-    int prev = -1;
-    if (rt.get_device(&prev) != 0)
-        prev = -1;
-    *err = prev == device ? 0 : rt.set_device(device);
-    return prev;
-}
-
-static void device_restore(int prev, int device)
-{
-    if (prev >= 0 && prev != device)
-        (void)rt.set_device(prev);
-}
 
 /* The session's events for device: on first use, creates ours, sends its handle in an EVENTS
  * frame and opens the daemon's from the reply. The caller has made device current. */
