@@ -82,10 +82,9 @@ class Graph:
         replay runs after the work queued on the stream so far, the work queued after the call
         runs after the replay, and the call returns once the daemon has launched it (CUDA IPC
         events; no host synchronisation)."""
-        if stream is not None:
-            return self._client._replay_stream(self._handle, phase,
-                                               getattr(stream, "cuda_stream", stream))
-        return self._client._replay(self._handle, phase, rpc)
+        return self._client._replay(self._handle, phase, rpc,
+                                    None if stream is None else getattr(stream, "cuda_stream",
+                                                                        stream))
 
     def __repr__(self):
         return "<graphd.Graph id=%d pool=%r training=%s tensors=%d>" % (
@@ -422,22 +421,19 @@ class Client:
             raise
         return graphs
 
-    def _replay(self, handle, phase, rpc):
+    def _replay(self, handle, phase, rpc, stream=None):
+        """One replay: stream-ordered when stream (a cudaStream_t as int) is given, else the REPLAY
+        frame or, with rpc, the gRPC Replay."""
         ns = ctypes.c_uint64(0)
-        fn = _lib.capture_fn("graphd_replay_rpc" if rpc else "graphd_replay")
+        if stream is not None:
+            fn = _lib.capture_fn("graphd_replay_stream")
+            args = (handle, int(phase), ctypes.c_void_p(int(stream) or None), ctypes.byref(ns))
+        else:
+            fn = _lib.capture_fn("graphd_replay_rpc" if rpc else "graphd_replay")
+            args = (handle, int(phase), ctypes.byref(ns))
         with self._lock:
             self._check_open()
-            rc = fn(handle, int(phase), ctypes.byref(ns))
-            if rc != 0:
-                raise self._fail(rc, "Replay failed")
-        return int(ns.value)
-
-    def _replay_stream(self, handle, phase, stream):
-        ns = ctypes.c_uint64(0)
-        fn = _lib.capture_fn("graphd_replay_stream")
-        with self._lock:
-            self._check_open()
-            rc = fn(handle, int(phase), ctypes.c_void_p(int(stream) or None), ctypes.byref(ns))
+            rc = fn(*args)
             if rc != 0:
                 raise self._fail(rc, "Replay failed")
         return int(ns.value)
