@@ -30,10 +30,7 @@
 #define LR 0.05f
 #define REL_TOL 1e-5
 
-typedef struct fixture {
-    harness_t h;
-    harness_models_t m;
-} fixture_t;
+typedef harness_fixture_t fixture_t;
 
 /* ---- helpers ---------------------------------------------------------------------------- */
 
@@ -381,22 +378,13 @@ static int group_setup(void **state)
 {
     static fixture_t f;
     static const char *const args[] = {"--cpu-devices", "2", NULL};
-    if (harness_models_make(&f.m) != 0)
-        return -1;
-    if (harness_start(&f.h, args) != 0) {
-        harness_models_remove(&f.m);
-        return -1;
-    }
     *state = &f;
-    return 0;
+    return harness_fixture_start(&f, args);
 }
 
 static int group_teardown(void **state)
 {
-    fixture_t *f = *state;
-    int rc = harness_stop(&f->h);
-    harness_models_remove(&f->m);
-    return rc == 0 ? 0 : -1;
+    return harness_fixture_stop(*state);
 }
 
 int main(void)

@@ -36,10 +36,7 @@ extern char **environ;
 #define REL_TOL 1e-5
 #define RECLAIM_WITHIN_MS 1000
 
-typedef struct fixture {
-    harness_t h;
-    harness_models_t m;
-} fixture_t;
+typedef harness_fixture_t fixture_t;
 
 /* ---- helpers ---------------------------------------------------------------------------- */
 
@@ -827,22 +824,13 @@ static void sigkill_reclaims_graphs(void **state)
 static int group_setup(void **state)
 {
     static fixture_t f;
-    if (harness_models_make(&f.m) != 0)
-        return -1;
-    if (harness_start(&f.h, NULL) != 0) {
-        harness_models_remove(&f.m);
-        return -1;
-    }
     *state = &f;
-    return 0;
+    return harness_fixture_start(&f, NULL);
 }
 
 static int group_teardown(void **state)
 {
-    fixture_t *f = *state;
-    int rc = harness_stop(&f->h);
-    harness_models_remove(&f->m);
-    return rc == 0 ? 0 : -1;
+    return harness_fixture_stop(*state);
 }
 
 int main(int argc, char **argv)

@@ -35,10 +35,7 @@
 enum { OK = 0, INVALID_ARGUMENT = 3, NOT_FOUND = 5, PERMISSION_DENIED = 7 };
 enum { FAILED_PRECONDITION = 9, INTERNAL = 13 };
 
-typedef struct fixture {
-    harness_t h;
-    harness_models_t m;
-} fixture_t;
+typedef harness_fixture_t fixture_t;
 
 /* ---- a little protobuf by hand (as in test_bad_input.c) --------------------------------- */
 
@@ -679,22 +676,13 @@ static void replay_timeout(void **state)
 static int group_setup(void **state)
 {
     static fixture_t f;
-    if (harness_models_make(&f.m) != 0)
-        return -1;
-    if (harness_start(&f.h, NULL) != 0) {
-        harness_models_remove(&f.m);
-        return -1;
-    }
     *state = &f;
-    return 0;
+    return harness_fixture_start(&f, NULL);
 }
 
 static int group_teardown(void **state)
 {
-    fixture_t *f = *state;
-    int rc = harness_stop(&f->h);
-    harness_models_remove(&f->m);
-    return rc == 0 ? 0 : -1;
+    return harness_fixture_stop(*state);
 }
 
 int main(void)

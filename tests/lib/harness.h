@@ -104,6 +104,17 @@ typedef struct harness_models {
 int harness_models_make(harness_models_t *m);
 /* Removes the directory and frees the references. */
 void harness_models_remove(harness_models_t *m);
+
+/* The models and a daemon, as integration tests' group fixtures hold them. */
+typedef struct harness_fixture {
+    harness_t h;
+    harness_models_t m;
+} harness_fixture_t;
+/* harness_models_make, then harness_start with extra_args (NULL: none); on failure nothing is
+ * left behind. 0 or -1. */
+int harness_fixture_start(harness_fixture_t *f, const char *const *extra_args);
+/* harness_stop, then harness_models_remove. 0, or -1 when the daemon did not stop cleanly. */
+int harness_fixture_stop(harness_fixture_t *f);
 /* The path of a file in the models directory (a static buffer, overwritten by the next call). */
 const char *harness_models_path(const harness_models_t *m, const char *name);
 /* The bytes of a file in the models directory (free them); NULL with a message on failure. */

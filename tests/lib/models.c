@@ -263,3 +263,21 @@ size_t harness_numel(const graphd_tensor_t *t)
         n *= (size_t)t->shape[k];
     return n;
 }
+
+int harness_fixture_start(harness_fixture_t *f, const char *const *extra_args)
+{
+    if (harness_models_make(&f->m) != 0)
+        return -1;
+    if (harness_start(&f->h, extra_args) != 0) {
+        harness_models_remove(&f->m);
+        return -1;
+    }
+    return 0;
+}
+
+int harness_fixture_stop(harness_fixture_t *f)
+{
+    int rc = harness_stop(&f->h);
+    harness_models_remove(&f->m);
+    return rc == 0 ? 0 : -1;
+}
