@@ -6,9 +6,12 @@
 # Usage, on the GPU machine in the project root, with .devdeps carried (see docs/BENCHMARKS.md):
 #   bench/run_gpu.sh OUTDIR [STEP...]
 # Environment: PYTESTS (the pytest paths, default tests/python), STEPS (training steps per mode,
-# default 200), PYTHON (default python3).
-# Steps (default: all, in this order): build tests train replay capture share. Each runs under a
-# time limit (timeout(1)); a step that fails does not stop the later ones, except the build.
+# default 200), SHARE_ARGS (more arguments for bench/share_gpu.py), PYTHON (default python3),
+# MPS=1 (run everything under NVIDIA MPS: starts nvidia-cuda-mps-control for the run, stops it
+# at the end).
+# Steps (default: all, in this order): build tests train replay capture share; also profile
+# (bench/step_profile.py) and probe (bench/ordering_probe.py). Each runs under a time limit
+# (timeout(1)); a step that fails does not stop the later ones, except the build.
 set -u
 out=${1:?usage: bench/run_gpu.sh OUTDIR [STEP...]}
 shift
@@ -41,7 +44,21 @@ stop_daemon() {
     [ -n "$daemon_pid" ] && kill "$daemon_pid" 2>/dev/null && wait "$daemon_pid" 2>/dev/null
     daemon_pid=
 }
-trap stop_daemon EXIT
+mps=
+stop_all() {
+    stop_daemon
+    [ -n "$mps" ] && echo quit | nvidia-cuda-mps-control
+}
+trap stop_all EXIT
+if [ "${MPS:-0}" = 1 ]; then
+    # Every CUDA process of the run (daemon, clients, baselines) becomes a client of one MPS
+    # server, so their kernels share the GPU instead of time-slicing between contexts.
+    export CUDA_MPS_PIPE_DIRECTORY=$out/mps-pipe CUDA_MPS_LOG_DIRECTORY=$out/mps-log
+    mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+    nvidia-cuda-mps-control -d || exit 1
+    mps=1
+    echo "=== MPS control daemon started"
+fi
 
 run() { # step name, time limit in seconds, command...
     local name=$1 limit=$2
@@ -82,7 +99,15 @@ for step in $steps; do
                 --repeat 3 --daemon-log "$out/daemon-capture-host.log"
         ) ;;
     share) # benchmark 3: starts a daemon of its own per graphd mode
-        run share 240 "$PY" bench/share_gpu.py --graphd build/graphd --json "$out/share_gpu.json" ;;
+        run share 240 "$PY" bench/share_gpu.py --graphd build/graphd --json "$out/share_gpu.json" \
+            ${SHARE_ARGS:-} ;;
+    profile) # where benchmark 1's device-resident step spends its time
+        start_daemon
+        run profile 60 "$PY" bench/step_profile.py --shape 64,512,8
+        run profile-large 60 "$PY" bench/step_profile.py --shape 256,4096,8 --steps 100
+        stop_daemon ;;
+    probe) # ordering between two processes: IPC events, stream memory operations
+        run probe 120 "$PY" bench/ordering_probe.py --iters 3000 ;;
     *) echo "unknown step $step" >&2; exit 2 ;;
     esac
 done

@@ -1,0 +1,116 @@
+#!/usr/bin/env python3
+"""Where a device-resident training step's time goes, next to in-process
+torch.cuda.make_graphed_callables (issue 5, benchmark 1's profile).
+
+For one MLP (batch, width, depth) it runs the same step (zero_grad, forward, MSE loss, backward,
+SGD step) both ways and prints:
+- the host time of each phase (time.perf_counter_ns around it, no synchronisation), and the
+  step's wall time over many steps: when the phases add up to the wall time the step is bound by
+  the host (Python, autograd, launches), else by the GPU;
+- the step's latency on the device (synchronised after each step);
+- the functions that take the most host time (cProfile, tottime) in graphd's step.
+
+Usage (GPU machine, a graphd running): GRAPHD_ADDRESS=unix:/path python3 bench/step_profile.py
+       [--shape 64,512,8] [--steps 300]
+"""
+import argparse
+import copy
+import cProfile
+import io
+import pstats
+import time
+
+import torch
+import torch.nn as nn
+
+import graphd
+
+
+def mlp(width, depth):
+    layers = []
+    for i in range(depth):
+        layers += [nn.Linear(width, width)] + ([nn.ReLU()] if i < depth - 1 else [])
+    return nn.Sequential(*layers)
+
+
+def phases(model, opt, x, y, steps):
+    """Mean host µs of each phase, the mean wall ms of a step, and the synchronised step's ms."""
+    clock = time.perf_counter_ns
+    names = ("zero_grad", "forward", "loss", "backward", "optimizer")
+    acc = dict.fromkeys(names, 0)
+
+    def step(record):
+        t0 = clock()
+        opt.zero_grad(set_to_none=True)
+        t1 = clock()
+        out = model(x)
+        t2 = clock()
+        loss = nn.functional.mse_loss(out, y)
+        t3 = clock()
+        loss.backward()
+        t4 = clock()
+        opt.step()
+        t5 = clock()
+        if record:
+            for name, a, b in zip(names, (t0, t1, t2, t3, t4), (t1, t2, t3, t4, t5)):
+                acc[name] += b - a
+    for _ in range(20):
+        step(False)
+    torch.cuda.synchronize()
+    t0 = clock()
+    for _ in range(steps):
+        step(True)
+    torch.cuda.synchronize()
+    wall = (clock() - t0) / steps / 1e6
+    t0 = clock()
+    for _ in range(steps // 3):
+        step(False)
+        torch.cuda.synchronize()
+    synced = (clock() - t0) / (steps // 3) / 1e6
+    return {k: v / steps / 1e3 for k, v in acc.items()}, wall, synced
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shape", default="64,512,8")
+    ap.add_argument("--steps", type=int, default=300)
+    args = ap.parse_args()
+    batch, width, depth = (int(v) for v in args.shape.split(","))
+    torch.manual_seed(0)
+    base = mlp(width, depth)
+    x = torch.randn(batch, width, device="cuda")
+    y = torch.randn(batch, width, device="cuda")
+    m1 = copy.deepcopy(base).cuda()
+    g1 = torch.cuda.make_graphed_callables(m1, (x.clone(),))
+    o1 = torch.optim.SGD(m1.parameters(), lr=1e-3)
+    m2 = copy.deepcopy(base).cuda()
+    g2 = graphd.make_graphed_callables(m2, (x.clone(),))
+    o2 = torch.optim.SGD(m2.parameters(), lr=1e-3)
+    print("torch %s, %s, MLP %s, %d steps" % (torch.__version__, torch.cuda.get_device_name(0),
+                                            args.shape, args.steps))
+    rows = [("in-process graphed", phases(g1, o1, x, y, args.steps)),
+            ("graphd resident", phases(g2, o2, x, y, args.steps))]
+    print("%-20s %9s %9s %9s %9s %9s %9s %10s %10s" % (
+        "host µs per phase", "zero_grad", "forward", "loss", "backward", "optimizer", "sum",
+        "wall ms", "synced ms"))
+    for name, (acc, wall, synced) in rows:
+        print("%-20s %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %10.3f %10.3f" % (
+            name, acc["zero_grad"], acc["forward"], acc["loss"], acc["backward"],
+            acc["optimizer"], sum(acc.values()), wall, synced))
+
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(args.steps):
+        o2.zero_grad(set_to_none=True)
+        nn.functional.mse_loss(g2(x), y).backward()
+        o2.step()
+    torch.cuda.synchronize()
+    prof.disable()
+    s = io.StringIO()
+    pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(18)
+    print("graphd resident step, cProfile over %d steps (tottime first):" % args.steps)
+    print("\n".join(s.getvalue().splitlines()[4:]))
+
+
+if __name__ == "__main__":
+    main()
