@@ -29,6 +29,7 @@ typedef struct gd_device {
     char name[128];
     uint64_t memory_total, memory_free;
     char compute_capability[16];
+    bool mps; /* CUDA: the daemon's contexts go through an MPS server (gr_cuda_mps_pipe) */
 } gd_device_t;
 
 typedef struct gd_conn gd_conn_t;

@@ -91,6 +91,7 @@ void gd_devices_discover(gd_daemon_t *d)
                  acc[i].compute_capability);
         dev->memory_total = acc[i].total_bytes;
         dev->memory_free = acc[i].free_bytes;
+        dev->mps = acc[i].mps != 0;
     }
 }
 

@@ -62,6 +62,7 @@ static void fill_device(Graphd__V1__Device *m, const gd_device_t *dev)
     m->memory_total = dev->memory_total;
     m->memory_free = dev->memory_free;
     m->compute_capability = (char *)dev->compute_capability;
+    m->mps = dev->mps;
 }
 
 /* Device list for a reply; the arrays point into d and are freed with free_devices. */

@@ -373,6 +373,7 @@ std::vector<gr_device_info_t> cuda_devices()
     }
     int prev = 0;
     bool restore = cudaGetDevice(&prev) == cudaSuccess;
+    const int mps = gr_cuda_mps_pipe(nullptr, 0) == 1; /* one server for every device, or none */
     for (int i = 0; i < n; i++) {
         cudaDeviceProp prop;
         if (cudaGetDeviceProperties(&prop, i) != cudaSuccess) {
@@ -386,6 +387,7 @@ std::vector<gr_device_info_t> cuda_devices()
         std::snprintf(d.compute_capability, sizeof d.compute_capability, "%d.%d", prop.major,
                       prop.minor);
         d.total_bytes = prop.totalGlobalMem;
+        d.mps = mps;
         size_t free_b = 0, total_b = 0;
         if (cudaSetDevice(i) == cudaSuccess && cudaMemGetInfo(&free_b, &total_b) == cudaSuccess) {
             d.free_bytes = free_b;

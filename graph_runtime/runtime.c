@@ -1,12 +1,16 @@
 /*
- * graph_runtime, C part: the error, dtype and role tables, the per-thread error message, and
- * SHA-256 (OpenSSL libcrypto). Everything that touches libtorch is in the C++ shim.
+ * graph_runtime, C part: the error, dtype and role tables, the per-thread error message,
+ * SHA-256 (OpenSSL libcrypto) and the MPS pipe look-up. Everything that touches libtorch is in
+ * the C++ shim.
  */
 #include "runtime_int.h"
 
+#include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include <openssl/evp.h>
 
@@ -129,4 +133,20 @@ void gr_capture_opts_init(gr_capture_opts_t *o)
     o->allow_unused_input = 0;
     o->pool = NULL;
     o->resident = 0;
+}
+
+int gr_cuda_mps_pipe(char *dir, size_t len)
+{
+    if (dir == NULL && len > 0)
+        return gr__set_error(GR_EINVAL, "gr_cuda_mps_pipe: NULL dir");
+    const char *path = getenv("CUDA_MPS_PIPE_DIRECTORY");
+    if (path == NULL || path[0] == '\0')
+        path = "/tmp/nvidia-mps"; /* the default of nvidia-cuda-mps-control and of CUDA clients */
+    if (len > 0)
+        snprintf(dir, len, "%s", path);
+    char control[PATH_MAX];
+    struct stat st;
+    if ((size_t)snprintf(control, sizeof control, "%s/control", path) >= sizeof control)
+        return 0; /* no such path can exist */
+    return stat(control, &st) == 0 ? 1 : 0;
 }

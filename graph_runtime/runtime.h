@@ -129,6 +129,7 @@ typedef struct gr_device_info {
     char compute_capability[16]; /* "9.0" */
     uint64_t total_bytes;        /* device memory */
     uint64_t free_bytes;         /* free at the call (cudaMemGetInfo) */
+    int mps;                     /* 1: contexts go through an MPS server (gr_cuda_mps_pipe) */
 } gr_device_info_t;
 
 /* Two-call pattern: with items NULL, *count gets the number of accelerators; else fills up to
@@ -138,6 +139,15 @@ typedef struct gr_device_info {
  * before any other gr_ call; it creates a CUDA context on each device it lists (cudaMemGetInfo).
  * GR_EINVAL for a NULL count. */
 int gr_devices(size_t *count, gr_device_info_t *items /* [optional] */);
+
+/* Whether this process's CUDA contexts go through an NVIDIA MPS server, found as CUDA clients find
+ * one: the pipe directory is $CUDA_MPS_PIPE_DIRECTORY (when set and not empty), else
+ * /tmp/nvidia-mps, and a control daemon listens there when "<dir>/control" exists. 1 when it does,
+ * 0 when not; dir gets the directory (truncated to len - 1 bytes). A heuristic: it says a control
+ * daemon is reachable from this process's environment, not a query of a context (a context made
+ * before the control daemon started runs without it). Needs no CUDA (the CPU-only build has it)
+ * and creates no context. GR_EINVAL when dir is NULL with len > 0. */
+int gr_cuda_mps_pipe(char *dir /* [out][optional] */, size_t len);
 
 /* ---- modules ---------------------------------------------------------------------------- */
 

@@ -373,6 +373,7 @@ static void device_from_pb(graphd_device_t *d, const Graphd__V1__Device *p)
     d->ordinal = p->ordinal;
     d->memory_total = p->memory_total;
     d->memory_free = p->memory_free;
+    d->mps = p->mps ? 1 : 0;
 }
 
 static void pool_from_pb(graphd_pool_t *d, const Graphd__V1__Pool *p)

@@ -210,6 +210,7 @@ static const column_t device_cols[] = {
     {"memory_total", "MEMORY"},
     {"memory_free", "FREE"},
     {"compute_capability", "CC"},
+    {"mps", "MPS"},
     {NULL, NULL},
 };
 static const column_t pool_cols[] = {
@@ -271,6 +272,26 @@ static const section_t sections[] = {
     {"sessions", "Sessions", session_cols}, {"graphs", "Graphs", graph_cols},
     {"config", "Config", config_cols},
 };
+
+/* Fields that only rows of one device kind have: the other rows show "-" (MPS is NVIDIA's). */
+static const struct {
+    const char *key;
+    const char *kind;
+} kind_only[] = {
+    {"mps", "cuda"},
+};
+
+/* 1 when row (a device) is of a kind that key does not apply to. */
+static int not_for_kind(const char *key, json_t *row)
+{
+    const char *kind = json_string_value(json_object_get(row, "kind"));
+    if (kind == NULL)
+        return 0;
+    for (size_t i = 0; i < sizeof(kind_only) / sizeof(kind_only[0]); i++)
+        if (strcmp(kind_only[i].key, key) == 0 && strcmp(kind_only[i].kind, kind) != 0)
+            return 1;
+    return 0;
+}
 
 static const section_t *find_section(const char *key)
 {
@@ -388,7 +409,12 @@ static void print_table(const section_t *sec, json_t *rows)
         for (size_t c = 0; c < ncols; c++) {
             int num;
             char *cell = cells[r * ncols + c];
-            fmt_value(cell, CELL_MAX, leaf(cols.keys[c]), get_path(row, cols.keys[c]), &num);
+            if (not_for_kind(cols.keys[c], row)) {
+                snprintf(cell, CELL_MAX, "-");
+                num = 0;
+            } else {
+                fmt_value(cell, CELL_MAX, leaf(cols.keys[c]), get_path(row, cols.keys[c]), &num);
+            }
             numeric[c] |= num;
             if (strlen(cell) > width[c])
                 width[c] = strlen(cell);
@@ -563,10 +589,10 @@ static int cmd_status(graphd_client_t *c, const opts_t *o)
 
 static json_t *device_json(const graphd_device_t *d)
 {
-    return json_pack("{s:s, s:s, s:I, s:s, s:I, s:I, s:s}", "id", d->id, "kind", d->kind, "ordinal",
-                     (json_int_t)d->ordinal, "name", d->name, "memory_total",
+    return json_pack("{s:s, s:s, s:I, s:s, s:I, s:I, s:s, s:b}", "id", d->id, "kind", d->kind,
+                     "ordinal", (json_int_t)d->ordinal, "name", d->name, "memory_total",
                      (json_int_t)d->memory_total, "memory_free", (json_int_t)d->memory_free,
-                     "compute_capability", d->compute_capability);
+                     "compute_capability", d->compute_capability, "mps", d->mps);
 }
 
 static json_t *pool_json(const graphd_pool_t *p)

@@ -88,6 +88,9 @@ typedef struct graphd_device {
     uint32_t ordinal;
     uint64_t memory_total; /* bytes */
     uint64_t memory_free;  /* bytes */
+    /* cuda: 1 when the daemon's contexts on it go through an NVIDIA MPS server (else every
+     * cross-process ordering of a device-resident replay switches GPU contexts); 0 for cpu. */
+    int mps;
 } graphd_device_t;
 
 typedef struct graphd_pool {

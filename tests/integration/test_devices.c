@@ -164,6 +164,7 @@ static void both_cpu_devices_are_listed(void **state)
         assert_string_equal(cpu[k]->kind, "cpu");
         assert_int_equal(cpu[k]->ordinal, k);
         assert_true(cpu[k]->memory_total > 0);
+        assert_int_equal(cpu[k]->mps, 0); /* MPS is a CUDA matter */
     }
     /* Two queues on one host: the same processor and memory. */
     assert_string_equal(cpu[0]->name, cpu[1]->name);
@@ -176,6 +177,15 @@ static void both_cpu_devices_are_listed(void **state)
     assert_int_equal(harness_run(table, out, sizeof(out), err, sizeof(err), 10000), 0);
     assert_non_null(strstr(out, "cpu:0"));
     assert_non_null(strstr(out, "cpu:1"));
+    /* The MPS column, last: "-" for CPU devices. */
+    assert_non_null(strstr(out, "  MPS\n"));
+    for (const char *line = strstr(out, "\ncpu:"); line != NULL;
+         line = strstr(line + 1, "\ncpu:")) {
+        const char *eol = strchr(line + 1, '\n');
+        assert_non_null(eol);
+        if (eol - line < 4 || strncmp(eol - 3, "  -", 3) != 0)
+            fail_msg("a cpu row of graphctl devices does not end with MPS '-':\n%s", out);
+    }
     const char *as_json[] = {path, "--address", f->h.address, "--json", "devices", NULL};
     assert_int_equal(harness_run(as_json, out, sizeof(out), err, sizeof(err), 10000), 0);
     json_error_t jerr;
@@ -185,6 +195,11 @@ static void both_cpu_devices_are_listed(void **state)
     json_t *list = json_is_array(doc) ? doc : json_object_get(doc, "devices");
     assert_non_null(harness_find(list, "id", "cpu:0"));
     assert_non_null(harness_find(list, "id", "cpu:1"));
+    for (int k = 0; k < 2; k++) {
+        char id[16];
+        snprintf(id, sizeof(id), "cpu:%d", k);
+        assert_true(json_is_false(json_object_get(harness_find(list, "id", id), "mps")));
+    }
     json_decref(doc);
     graphd_close(c);
 }

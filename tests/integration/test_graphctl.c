@@ -62,6 +62,7 @@ static void status_json_lists_cpu(void **state)
     json_t *cpu = harness_find(json_object_get(root, "devices"), "id", "cpu:0");
     assert_non_null(cpu);
     assert_string_equal(json_string_value(json_object_get(cpu, "kind")), "cpu");
+    assert_true(json_is_false(json_object_get(cpu, "mps"))); /* written although false */
     assert_non_null(harness_find(json_object_get(root, "pools"), "name", "default"));
     json_t *daemon = json_object_get(root, "daemon");
     assert_true(json_is_object(daemon));
@@ -98,7 +99,9 @@ static void status_tables(void **state)
     r = graphctl("--address", h->address, "--json", "devices");
     assert_int_equal(r->status, 0);
     json_t *devs = json_loads(r->out, 0, NULL);
-    assert_non_null(harness_find(devs, "id", "cpu:0"));
+    json_t *cpu = harness_find(devs, "id", "cpu:0");
+    assert_non_null(cpu);
+    assert_true(json_is_false(json_object_get(cpu, "mps")));
     json_decref(devs);
 }
 

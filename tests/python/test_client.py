@@ -28,6 +28,9 @@ def test_devices_and_pools(client):
     devs = client.devices()
     cpu = [d for d in devs if d["id"] == "cpu:0"]
     assert cpu and cpu[0]["kind"] == "cpu" and cpu[0]["memory_total"] > 0
+    assert cpu[0]["mps"] is False  # MPS is a CUDA matter
+    st_cpu = [d for d in client.status()["devices"] if d["id"] == "cpu:0"]
+    assert st_cpu[0]["mps"] is False
     pools = {p["name"]: p for p in client.pools()}
     assert pools["default"]["device"] == "cpu:0"
 

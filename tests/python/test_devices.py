@@ -16,6 +16,7 @@ def test_the_daemon_serves_two_cpu_devices(client):
     assert {"cpu:0", "cpu:1"} <= set(devs) and "cpu:2" not in devs
     assert devs["cpu:1"]["kind"] == "cpu" and devs["cpu:1"]["ordinal"] == 1
     assert devs["cpu:1"]["name"] == devs["cpu:0"]["name"]  # one host, two queues
+    assert devs["cpu:0"]["mps"] is False and devs["cpu:1"]["mps"] is False
     assert client.check_device("cpu:1") == "cpu:1"
     with pytest.raises(graphd.NotFound) as e:
         client.check_device("cpu:2")

@@ -1317,9 +1317,10 @@ static void test_devices(void **state)
         assert_true(strchr(items[i].compute_capability, '.') != NULL);
         assert_true(items[i].total_bytes > 0);
         assert_true(items[i].free_bytes > 0 && items[i].free_bytes <= items[i].total_bytes);
-        printf("# %s: %s, cc %s, %.1f GiB, %.1f GiB free\n", items[i].device, items[i].name,
+        assert_int_equal(items[i].mps, gr_cuda_mps_pipe(NULL, 0));
+        printf("# %s: %s, cc %s, %.1f GiB, %.1f GiB free, MPS %s\n", items[i].device, items[i].name,
                items[i].compute_capability, items[i].total_bytes / 1073741824.0,
-               items[i].free_bytes / 1073741824.0);
+               items[i].free_bytes / 1073741824.0, items[i].mps ? "yes" : "no");
     }
     got = 0;
     assert_int_equal(gr_devices(&got, items), GR_OK);
@@ -1327,6 +1328,47 @@ static void test_devices(void **state)
     char past[GR_DEVICE_MAX];
     snprintf(past, sizeof past, "cuda:%zu", n);
     assert_error(gr_pool_create(past, &pool), GR_ENOTFOUND, NULL);
+}
+
+/* The MPS look-up needs no GPU: $CUDA_MPS_PIPE_DIRECTORY (else /tmp/nvidia-mps) is the
+ * directory, and a "control" entry in it means a control daemon is there. The variable is
+ * restored at the end. */
+static void test_cuda_mps_pipe(void **state)
+{
+    (void)state;
+    const char *saved = getenv("CUDA_MPS_PIPE_DIRECTORY");
+    char *old = saved ? strdup(saved) : NULL;
+    char tmp[] = "/tmp/gr-mps-XXXXXX", control[64], dir[64];
+    assert_non_null(mkdtemp(tmp));
+    snprintf(control, sizeof control, "%s/control", tmp);
+
+    assert_int_equal(setenv("CUDA_MPS_PIPE_DIRECTORY", tmp, 1), 0);
+    assert_int_equal(gr_cuda_mps_pipe(dir, sizeof dir), 0);
+    assert_string_equal(dir, tmp);
+    FILE *f = fopen(control, "w");
+    assert_non_null(f);
+    fclose(f);
+    assert_int_equal(gr_cuda_mps_pipe(dir, sizeof dir), 1);
+    assert_int_equal(gr_cuda_mps_pipe(NULL, 0), 1);
+    char small[8];
+    assert_int_equal(gr_cuda_mps_pipe(small, sizeof small), 1);
+    assert_int_equal(strlen(small), sizeof small - 1); /* truncated, still NUL-terminated */
+    assert_error(gr_cuda_mps_pipe(NULL, sizeof dir), GR_EINVAL, NULL);
+
+    /* Unset or empty: the default directory (whatever this machine has there). */
+    assert_int_equal(setenv("CUDA_MPS_PIPE_DIRECTORY", "", 1), 0);
+    int rc = gr_cuda_mps_pipe(dir, sizeof dir);
+    assert_true(rc == 0 || rc == 1);
+    assert_string_equal(dir, "/tmp/nvidia-mps");
+    assert_int_equal(unsetenv("CUDA_MPS_PIPE_DIRECTORY"), 0);
+    assert_int_equal(gr_cuda_mps_pipe(dir, sizeof dir), rc);
+    assert_string_equal(dir, "/tmp/nvidia-mps");
+
+    assert_int_equal(unlink(control), 0);
+    assert_int_equal(rmdir(tmp), 0);
+    if (old != NULL)
+        assert_int_equal(setenv("CUDA_MPS_PIPE_DIRECTORY", old, 1), 0);
+    free(old);
 }
 
 static void test_cuda_mlp_training_parity(void **state)
@@ -1512,6 +1554,7 @@ int main(void)
         cmocka_unit_test(test_concurrent_workers),
         cmocka_unit_test(test_cpu_devices),
         cmocka_unit_test(test_devices),
+        cmocka_unit_test(test_cuda_mps_pipe),
         cmocka_unit_test(test_cuda_mlp_training_parity),
         cmocka_unit_test(test_cuda_two_callables_shared_pool),
         cmocka_unit_test(test_cuda_replay_twice_identical),

@@ -32,7 +32,7 @@ class Device(ctypes.Structure):
     _fields_ = [("id", ctypes.c_char * 64), ("kind", ctypes.c_char * 16),
                 ("name", ctypes.c_char * 128), ("compute_capability", ctypes.c_char * 32),
                 ("ordinal", ctypes.c_uint32), ("memory_total", ctypes.c_uint64),
-                ("memory_free", ctypes.c_uint64)]
+                ("memory_free", ctypes.c_uint64), ("mps", ctypes.c_int)]
 
 
 class Pool(ctypes.Structure):

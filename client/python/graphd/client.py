@@ -237,9 +237,15 @@ class Client:
                 return json.loads(buf.value.decode("utf-8"))
 
     def devices(self):
-        """Devices the daemon serves: dicts with id, kind, name, ordinal, memory_total, ..."""
-        return [self._struct_dict(d) for d in self._list(_lib.lib().graphd_list_devices,
+        """Devices the daemon serves: dicts with id, kind, name, compute_capability, ordinal,
+        memory_total, memory_free and mps (bool: on a CUDA device, the daemon's contexts go
+        through an NVIDIA MPS server, without which every cross-process ordering of a
+        device-resident replay switches GPU contexts; False for CPU devices)."""
+        devs = [self._struct_dict(d) for d in self._list(_lib.lib().graphd_list_devices,
                                                           _lib.Device)]
+        for d in devs:
+            d["mps"] = bool(d["mps"])
+        return devs
 
     def pools(self):
         """Pools with their accounting: dicts with name, device, limit_bytes, reserved_bytes,
