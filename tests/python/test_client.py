@@ -120,3 +120,23 @@ def test_import_without_torch(daemon):
                          env=dict(os.environ), timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip()
+
+
+def test_performance_warning_without_mps():
+    """A device-resident capture on a GPU the daemon reaches without MPS warns once per device
+    and process; with MPS, or for devices it does not list, it says nothing. (The daemon's side,
+    Device.mps, is in test_devices; here a stand-in lists the devices.)"""
+    import warnings
+    from types import SimpleNamespace
+
+    from graphd import graphs
+
+    listed = [{"id": "cuda:7", "mps": False}, {"id": "cuda:8", "mps": True}]
+    fake = SimpleNamespace(devices=lambda: listed)
+    graphs._mps_checked.difference_update({"cuda:7", "cuda:8", "cuda:9"})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for dev in ("cuda:7", "cuda:7", "cuda:8", "cuda:9"):
+            graphs._warn_without_mps(fake, dev)
+    assert [w.category for w in caught] == [graphd.PerformanceWarning]
+    assert "cuda:7" in str(caught[0].message) and "nvidia-cuda-mps-control" in str(caught[0].message)

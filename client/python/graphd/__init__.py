@@ -12,7 +12,8 @@ per-call deadline).
 from .client import (DEFAULT_ADDRESS, Client, Graph, PoolHandle, Region, default_client,
                      graph_pool_handle)
 from .errors import (AlreadyExists, FailedPrecondition, GraphdError, Internal, InvalidArgument,
-                     NotFound, PermissionDenied, ResourceExhausted, Unavailable)
+                     NotFound, PerformanceWarning, PermissionDenied, ResourceExhausted,
+                     Unavailable)
 
 __version__ = "0.1.0"
 
@@ -20,7 +21,7 @@ __all__ = [
     "make_graphed_callables", "graph_pool_handle", "Client", "default_client", "Graph",
     "PoolHandle", "Region", "DEFAULT_ADDRESS", "GraphdError", "InvalidArgument", "NotFound",
     "AlreadyExists", "PermissionDenied", "ResourceExhausted", "FailedPrecondition", "Unavailable",
-    "Internal",
+    "Internal", "PerformanceWarning",
 ]
 
 

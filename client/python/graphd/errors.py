@@ -9,6 +9,11 @@ sample args, an unused input without allow_unused_input): graphd raises those fr
 """
 
 
+class PerformanceWarning(UserWarning):
+    """graphd works, but slower than it could: for instance device-resident graphs on a GPU that
+    the daemon reaches without NVIDIA MPS. Filter it with the warnings module."""
+
+
 class GraphdError(RuntimeError):
     """A graphd call failed. ``code``: "INVALID_ARGUMENT" etc.; ``errno``: libgraphd's code
     (negative; 0 for errors raised by the Python package itself); ``message``: the text."""

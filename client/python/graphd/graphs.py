@@ -39,13 +39,14 @@ import ctypes
 import io
 import os
 import tempfile
+import warnings
 
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from . import _lib
 from .client import PoolHandle, default_client, graph_pool_handle, normalize_device
-from .errors import make_error
+from .errors import PerformanceWarning, make_error
 
 _DTYPES = {
     torch.float32: _lib.DTYPE_FLOAT32, torch.float64: _lib.DTYPE_FLOAT64,
@@ -434,6 +435,26 @@ def _resolve_pool(client, pool, device):
     return None  # the daemon's default pool
 
 
+_mps_checked = set()  # devices already checked in this process
+
+
+def _warn_without_mps(client, device):
+    """Once per device and process: a PerformanceWarning when the daemon reaches the GPU of a
+    device-resident capture without NVIDIA MPS. Each replay then makes the GPU switch between
+    this process's context and the daemon's twice (on the H200, ~320 µs until a trivial ordered
+    replay is done, against ~55 µs under MPS)."""
+    if device in _mps_checked:
+        return
+    _mps_checked.add(device)
+    info = next((d for d in client.devices() if d["id"] == device), None)
+    if info is not None and not info.get("mps", True):
+        warnings.warn(
+            "graphd: the daemon reaches %s without NVIDIA MPS, so every device-resident replay "
+            "switches the GPU between this process's context and the daemon's; start "
+            "`nvidia-cuda-mps-control -d` before graphd and its clients (docs/ARCHITECTURE.md, "
+            "on MPS)" % device, PerformanceWarning, stacklevel=4)
+
+
 def _cuda_device(callables, flatten_sample_args, device):
     """The CUDA device ("cuda:N") that the callables' parameters, buffers and sample args are
     on, for a device-resident capture; None when they are all on the CPU (graphd's CPU device,
@@ -613,6 +634,8 @@ def make_graphed_callables(callables, sample_args, num_warmup_iters=3, allow_unu
                                 device_resident=cuda_dev is not None)
         for graph in graphs:
             graph.device = cuda_dev  # where a device-resident graph's static tensors are
+        if cuda_dev is not None:
+            _warn_without_mps(client, cuda_dev)
     finally:
         for mid in module_ids:  # the graphs own a copy: the modules are not needed any more
             try:
