@@ -50,6 +50,7 @@ stop_all() {
     [ -n "$mps" ] && echo quit | nvidia-cuda-mps-control
 }
 trap stop_all EXIT
+trap 'exit 143' TERM INT # so that timeout(1) still stops the daemon and MPS
 if [ "${MPS:-0}" = 1 ]; then
     # Every CUDA process of the run (daemon, clients, baselines) becomes a client of one MPS
     # server, so their kernels share the GPU instead of time-slicing between contexts.
