@@ -342,7 +342,7 @@ class _Runner:
             torch.cuda.current_stream(self.cuda_device).synchronize()
             self.graph.replay(phase)
         else:
-            self.graph.replay(phase, stream=torch.cuda.current_stream(self.cuda_device))
+            self.graph.replay(phase, stream=_current_raw_stream(self.cuda_device))
 
     def __call__(self, *user_args, **user_kwargs):
         if user_kwargs:
@@ -354,6 +354,15 @@ class _Runner:
                             "got %d" % (self.n_args, len(flat)))
         out = _Graphed.apply(self, *(tuple(flat) + self.module_params))
         return tree_unflatten(list(out), self.out_spec)
+
+
+def _current_raw_stream(device):
+    """The current stream's cudaStream_t (an int) on device: torch's raw accessor where it has
+    one (no torch.cuda.Stream object built for each replay), else through that object."""
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is not None:
+        return raw(device.index)
+    return torch.cuda.current_stream(device).cuda_stream
 
 
 class _Graphed(torch.autograd.Function):
