@@ -61,11 +61,9 @@ class Costs:
         return {k: v[0] / v[1] / 1e3 for k, v in self.ns.items()}
 
 
-def server(conn, mode):
-    torch.cuda.set_device(0)
-    write, wait = _driver()
+def _doubling_graph(x):
+    """A stream of its own and a CUDA graph, captured on it, of y = x * 2 (y preallocated)."""
     stream = torch.cuda.Stream()
-    x, flags, ready_handle = conn.recv()  # CUDA tensors arrive through torch's IPC reductions
     y = torch.empty_like(x)
     with torch.cuda.stream(stream):
         torch.mul(x, 2, out=y)
@@ -73,6 +71,14 @@ def server(conn, mode):
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g, stream=stream):
         torch.mul(x, 2, out=y)
+    return stream, g, y
+
+
+def server(conn, mode):
+    torch.cuda.set_device(0)
+    write, wait = _driver()
+    x, flags, ready_handle = conn.recv()  # CUDA tensors arrive through torch's IPC reductions
+    stream, g, y = _doubling_graph(x)
     done = torch.cuda.Event(interprocess=True)
     ready = torch.cuda.Event.from_ipc_handle(0, ready_handle) if mode == "events" else None
     conn.send((y, done.ipc_handle() if mode == "events" else None))
@@ -107,15 +113,7 @@ def server(conn, mode):
 
 def _local_server(x):
     """The server's side in this process (mode "local"): its own stream, ordinary events."""
-    stream = torch.cuda.Stream()
-    y = torch.empty_like(x)
-    with torch.cuda.stream(stream):
-        torch.mul(x, 2, out=y)
-    stream.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g, stream=stream):
-        torch.mul(x, 2, out=y)
-    return stream, g, y, torch.cuda.Event(), torch.cuda.Event()
+    return _doubling_graph(x) + (torch.cuda.Event(), torch.cuda.Event())
 
 
 def client(mode, iters, sync):
