@@ -6,7 +6,8 @@
 # Usage, on the GPU machine in the project root, with .devdeps carried (see docs/BENCHMARKS.md):
 #   bench/run_gpu.sh OUTDIR [STEP...]
 # Environment: PYTESTS (the pytest paths, default tests/python), STEPS (training steps per mode,
-# default 200), SHARE_ARGS (more arguments for bench/share_gpu.py), PYTHON (default python3),
+# default 200), SHARE_ARGS (more arguments for bench/share_gpu.py), PROFILE_SHAPES (default
+# "64,512,8 256,4096,8"), PYTHON (default python3),
 # MPS=1 (run everything under NVIDIA MPS: starts nvidia-cuda-mps-control for the run, stops it
 # at the end).
 # Steps (default: all, in this order): build tests train replay capture share; also profile
@@ -104,8 +105,9 @@ for step in $steps; do
             ${SHARE_ARGS:-} ;;
     profile) # where benchmark 1's device-resident step spends its time
         start_daemon
-        run profile 60 "$PY" bench/step_profile.py --shape 64,512,8
-        run profile-large 60 "$PY" bench/step_profile.py --shape 256,4096,8 --steps 100
+        for shape in ${PROFILE_SHAPES:-64,512,8 256,4096,8}; do
+            run "profile-$shape" 60 "$PY" bench/step_profile.py --shape "$shape" --steps 200
+        done
         stop_daemon ;;
     probe) # ordering between two processes: IPC events, stream memory operations
         run probe 120 "$PY" bench/ordering_probe.py --iters 3000 ;;
