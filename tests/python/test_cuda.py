@@ -365,3 +365,35 @@ def test_device_region_through_the_client():
         r.free()
     finally:
         c.delete_pool(small)
+
+
+def test_cuda_and_cpu_devices_at_once():
+    """Issue 6 on one GPU: a device-resident graph on cuda:0 and a CPU graph on cpu:1 (the test
+    daemon splits the CPU into two devices), trained in alternating steps from one process, each
+    against its eager twin; the status shows both pools with their replays."""
+    _need_cuda_here()
+    torch.manual_seed(0)
+    eager_gpu, eager_cpu = mlp(64, 3).cuda(), mlp(32, 3)
+    gpu, cpu = copy.deepcopy(eager_gpu), copy.deepcopy(eager_cpu)
+    xs_gpu = [torch.randn(16, 64, device="cuda") for _ in range(20)]
+    ys_gpu = [torch.randn(16, 64, device="cuda") for _ in range(20)]
+    xs_cpu = [torch.randn(8, 32) for _ in range(20)]
+    ys_cpu = [torch.randn(8, 32) for _ in range(20)]
+    opts = {name: torch.optim.SGD(m.parameters(), lr=0.05)
+            for name, m in (("eg", eager_gpu), ("ec", eager_cpu), ("g", gpu), ("c", cpu))}
+    gpu = graphd.make_graphed_callables(gpu, (xs_gpu[0].clone(),))
+    cpu = graphd.make_graphed_callables(cpu, (xs_cpu[0].clone(),), device="cpu:1")
+    got, ref = {"g": [], "c": []}, {"g": [], "c": []}
+    for k in range(20):  # one step of each in turn
+        for name, model, eager, xs, ys in (("g", gpu, eager_gpu, xs_gpu, ys_gpu),
+                                           ("c", cpu, eager_cpu, xs_cpu, ys_cpu)):
+            ref[name] += train(eager, eager, xs[k:k + 1], ys[k:k + 1], opts["e" + name])
+            got[name] += train(model, model, xs[k:k + 1], ys[k:k + 1], opts[name])
+    for name in ("g", "c"):
+        torch.testing.assert_close(torch.tensor(got[name]), torch.tensor(ref[name]), **RT)
+    st = graphd.default_client().status()
+    pools = {p["name"]: p for p in st["pools"]}
+    graph_pool = {int(g["id"]): g["pool"] for g in st["graphs"]}
+    for model, device in ((gpu, "cuda:0"), (cpu, "cpu:1")):
+        pool = pools[graph_pool[model._graphd_runner.graph.id]]
+        assert pool["device"] == device and int(pool["replays"]) >= 2 * 20, pool
