@@ -1,25 +1,18 @@
 /* Device worker threads (see worker.h). */
 #include "worker.h"
+#include "daemon.h"
 #include "log.h"
 
 #include <stdio.h>
 #include <string.h>
 #include <sys/sysinfo.h>
-#include <time.h>
-
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
 
 /* Polls for a job submitted after seen, for at most w->spin_ns; called without the lock. */
 static void spin_for_work(gd_worker_t *w, uint_fast64_t seen)
 {
     if (w->spin_ns == 0)
         return;
-    uint64_t until = now_ns() + w->spin_ns;
+    uint64_t until = gd_now_ns() + w->spin_ns;
     do {
         for (int i = 0; i < 64; i++) {
             if (atomic_load_explicit(&w->submitted, memory_order_acquire) != seen)
@@ -28,7 +21,7 @@ static void spin_for_work(gd_worker_t *w, uint_fast64_t seen)
             __builtin_ia32_pause();
 #endif
         }
-    } while (now_ns() < until);
+    } while (gd_now_ns() < until);
 }
 
 static void *worker_main(void *arg)
