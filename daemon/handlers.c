@@ -376,11 +376,9 @@ static void alloc_device_region(gd_daemon_t *d, gd_call_t *call, gd_session_t *s
                      info.name, info.device);
         return;
     }
-    uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
-    uint64_t rounded = (size + page - 1) / page * page;
-    if (info.limit_bytes != 0 && (info.reserved_bytes > info.limit_bytes ||
-                                  rounded > info.limit_bytes - info.reserved_bytes)) {
-        alloc_fail(call, p, PM_ELIMIT, size);
+    int rc = pm_pool_check_size(p, size);
+    if (rc != PM_OK) {
+        alloc_fail(call, p, rc, size);
         return;
     }
     devregion_op_t *op = calloc(1, sizeof *op);

@@ -394,15 +394,11 @@ static int region_map(pm_region_t *r)
     return PM_ESYS;
 }
 
-/* The common part of host and device allocation; dev_ptr NULL: a host region (memfd). */
-static int region_alloc(pm_pool_t *p, uint64_t owner, uint64_t size, void *dev_ptr,
-                        const uint8_t *handle, pm_region_t **out)
+int pm_pool_check_size(const pm_pool_t *p, uint64_t size)
 {
-    if (out != NULL)
-        *out = NULL;
-    if (p == NULL || out == NULL || owner == 0 || size == 0)
+    if (p == NULL || size == 0)
         return PM_EINVAL;
-    pm_manager_t *m = p->m;
+    const pm_manager_t *m = p->m;
     if (m->max_region != 0 && size > m->max_region)
         return PM_EINVAL;
     /* Page rounding must not wrap, and the result must fit off_t (ftruncate) and size_t. */
@@ -411,6 +407,22 @@ static int region_alloc(pm_pool_t *p, uint64_t owner, uint64_t size, void *dev_p
     uint64_t mapped = (size + m->page - 1) & ~(m->page - 1);
     if (p->limit != 0 && (p->reserved > p->limit || mapped > p->limit - p->reserved))
         return PM_ELIMIT;
+    return PM_OK;
+}
+
+/* The common part of host and device allocation; dev_ptr NULL: a host region (memfd). */
+static int region_alloc(pm_pool_t *p, uint64_t owner, uint64_t size, void *dev_ptr,
+                        const uint8_t *handle, pm_region_t **out)
+{
+    if (out != NULL)
+        *out = NULL;
+    if (p == NULL || out == NULL || owner == 0)
+        return PM_EINVAL;
+    int rc = pm_pool_check_size(p, size);
+    if (rc != PM_OK)
+        return rc;
+    pm_manager_t *m = p->m;
+    uint64_t mapped = (size + m->page - 1) & ~(m->page - 1);
 
     /* Everything that can fail without a system call comes first, so that rollback is short. */
     int err = hash_reserve(m);

@@ -81,6 +81,10 @@ void pm_pool_info(const pm_pool_t *p, pm_pool_info_t *out);
 /* limit 0: none. A limit below the bytes already reserved is allowed: live regions stay, new
  * allocations fail with PM_ELIMIT until enough is freed. PM_EINVAL for a NULL pool. */
 int pm_pool_set_limit(pm_pool_t *p, uint64_t limit_bytes);
+/* Whether a region of size bytes would fit p now: PM_OK, or the PM_EINVAL / PM_ELIMIT that
+ * pm_region_alloc would return for its size. For a caller that must do costly work (allocate
+ * device memory) before it can allocate the region. */
+int pm_pool_check_size(const pm_pool_t *p, uint64_t size);
 
 /* Allocates a region of size bytes for owner (a session id, nonzero). PM_EINVAL for 0 or above
  * the manager's bound, PM_ELIMIT past the pool's limit, PM_ESYS when memfd/mmap fails. */

@@ -325,6 +325,9 @@ static void test_limit(void **state)
 
     /* 10 + pg + 1 used bytes would fit, but the check is against page-rounded bytes. */
     pm_region_t *r = (pm_region_t *)&r;
+    assert_pm(pm_pool_check_size(p, pg + 1), PM_ELIMIT); /* the same answer, asked beforehand */
+    assert_pm(pm_pool_check_size(p, pg), PM_OK);
+    assert_pm(pm_pool_check_size(p, 0), PM_EINVAL);
     assert_pm(pm_region_alloc(p, 2, pg + 1, &r), PM_ELIMIT);
     assert_null(r);
     pm_pool_info_t after = info_of(p);
