@@ -36,7 +36,6 @@ typedef struct {
     gd_daemon_t *d;
     gd_wire_t *wire;
     uint64_t session, seq, device_index;
-    char device[32];
     uint8_t client_handle[GRAPHD_IPC_HANDLE_SIZE];
     uint8_t handle[GRAPHD_IPC_HANDLE_SIZE]; /* the daemon's, for the reply */
     gd_events_t *ev;
@@ -87,9 +86,9 @@ static void open_run(gd_job_t *job)
 {
     events_job_t *j = (events_job_t *)job;
     gd_events_t *ev = j->ev;
-    j->rc = gr_event_open(j->device, j->client_handle, &ev->wait);
+    j->rc = gr_event_open(ev->device, j->client_handle, &ev->wait);
     if (j->rc == GR_OK)
-        j->rc = gr_event_create(j->device, &ev->done, j->handle);
+        j->rc = gr_event_create(ev->device, &ev->done, j->handle);
     if (j->rc != GR_OK) {
         snprintf(j->msg, sizeof j->msg, "%s", gr_last_error());
         gr_event_destroy(ev->wait);
@@ -105,7 +104,7 @@ static void open_done(gd_job_t *job)
         send_reply(j->wire, j->seq, j->device_index,
                    j->rc == GR_EUNSUPPORTED ? GD_UNIMPLEMENTED : GD_INVALID_ARGUMENT, j->msg, NULL);
         free(j->ev);
-    } else if (s == NULL || gd_events_find(s, j->device) != NULL) {
+    } else if (s == NULL || gd_events_find(s, j->ev->device) != NULL) {
         /* The session ended meanwhile, or a second EVENTS for the device overtook this one. */
         send_reply(j->wire, j->seq, j->device_index, GD_ALREADY_EXISTS,
                    "the session already has events for this device", NULL);
@@ -115,7 +114,7 @@ static void open_done(gd_job_t *job)
         s->events = j->ev;
         send_reply(j->wire, j->seq, j->device_index, GD_OK, NULL, j->handle);
         gd_debug("session %llu: replays on %s ordered by IPC events", (unsigned long long)s->id,
-                 j->device);
+                 j->ev->device);
     }
     gd_wire_unref(j->wire);
     free(j);
@@ -155,7 +154,6 @@ void gd_events_frame(gd_daemon_t *d, gd_session_t *s, gd_wire_t *wire, const gra
     j->session = s->id;
     j->seq = f->seq;
     j->device_index = f->id;
-    snprintf(j->device, sizeof j->device, "%s", device);
     memcpy(j->client_handle, payload, GRAPHD_IPC_HANDLE_SIZE);
     j->job.run = open_run;
     j->job.done = open_done;
