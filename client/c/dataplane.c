@@ -26,9 +26,7 @@ static int64_t now_us(void)
 
 static int64_t now_ms(void)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+    return now_us() / 1000;
 }
 
 void graphd__dp_close(graphd_client_t *c)
@@ -172,12 +170,6 @@ int graphd__dp_request(graphd_client_t *c, uint16_t type, uint64_t id, uint64_t 
                        uint64_t *arg_out, int *fd_out)
 {
     return graphd__dp_exchange(c, type, id, arg, NULL, 0, arg_out, fd_out, NULL, NULL);
-}
-
-int graphd__dp_request_payload(graphd_client_t *c, uint16_t type, uint64_t id, uint64_t arg,
-                               uint64_t *arg_out, int *fd_out, void *payload, size_t *payload_len)
-{
-    return graphd__dp_exchange(c, type, id, arg, NULL, 0, arg_out, fd_out, payload, payload_len);
 }
 
 int graphd__dp_exchange(graphd_client_t *c, uint16_t type, uint64_t id, uint64_t arg,

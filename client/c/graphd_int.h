@@ -103,18 +103,14 @@ int graphd__call(graphd_client_t *c, const char *method, const ProtobufCMessage 
 int graphd__dp_request(graphd_client_t *c, uint16_t type, uint64_t id, uint64_t arg,
                        uint64_t *arg_out /* [out][optional] */, int *fd_out /* [out][optional] */);
 /*
- * The same, also returning the payload of an OK reply (the bytes after the frame, e.g. a device
- * region's IPC handle in a MAP reply): up to *payload_len bytes go to payload and *payload_len
- * gets the reply's msg_len (0 when none).
+ * The general exchange: the request carries send_len bytes of message after the frame (an
+ * EVENTS request's event handle); up to *payload_len bytes of an OK reply's payload (the bytes
+ * after the frame, e.g. a device region's IPC handle in a MAP reply) go to payload, and
+ * *payload_len gets the reply's msg_len (0 when none). send and payload may be NULL (0 bytes).
  */
-int graphd__dp_request_payload(graphd_client_t *c, uint16_t type, uint64_t id, uint64_t arg,
-                               uint64_t *arg_out, int *fd_out, void *payload,
-                               size_t *payload_len /* [in,out] */);
-/* The general exchange: the request carries send_len bytes of message after the frame (an
- * EVENTS request's event handle), the reply's payload as in graphd__dp_request_payload. */
 int graphd__dp_exchange(graphd_client_t *c, uint16_t type, uint64_t id, uint64_t arg,
                         const void *send, size_t send_len, uint64_t *arg_out, int *fd_out,
-                        void *payload, size_t *payload_len);
+                        void *payload, size_t *payload_len /* [in,out] */);
 /*
  * Applies the client's timeout to the blocking session socket fd (SO_RCVTIMEO,
  * SO_SNDTIMEO), so that a frame exchange is a plain send and receive.

@@ -71,8 +71,8 @@ int graphd__region_map(graphd_client_t *c, uint64_t region_id, const char *devic
     int fd = -1;
     uint8_t handle[GRAPHD__IPC_HANDLE_SIZE];
     size_t handle_len = sizeof(handle);
-    int rc = graphd__dp_request_payload(c, GRAPHD_FRAME_MAP, region_id, 0, &mapped_size, &fd,
-                                        handle, &handle_len);
+    int rc = graphd__dp_exchange(c, GRAPHD_FRAME_MAP, region_id, 0, NULL, 0, &mapped_size, &fd,
+                                 handle, &handle_len);
     if (rc != GRAPHD_OK)
         return rc;
     if (handle_len != 0) {
