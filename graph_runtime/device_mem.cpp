@@ -158,6 +158,20 @@ int event_device(const char *fn, const char *device, int *index)
 #endif
 }
 
+#ifdef GR_HAVE_CUDA
+/* *out = a new gr_event_t owning ev, which is destroyed if that fails. */
+int wrap_event(const char *fn, int index, cudaEvent_t ev, int opened, gr_event_t **out)
+{
+    auto *e = new (std::nothrow) gr_event_t{index, ev, opened};
+    if (e == nullptr) {
+        (void)cudaEventDestroy(ev);
+        return gr__set_errorf(GR_ENOMEM, "%s: out of memory", fn);
+    }
+    *out = e;
+    return GR_OK;
+}
+#endif
+
 } // namespace
 
 extern "C" int gr_event_create(const char *device, gr_event_t **out,
@@ -187,14 +201,10 @@ extern "C" int gr_event_create(const char *device, gr_event_t **out,
         (void)cudaEventDestroy(ev);
         return rc;
     }
-    auto *e = new (std::nothrow) gr_event_t{index, ev, 0};
-    if (e == nullptr) {
-        (void)cudaEventDestroy(ev);
-        return gr__set_error(GR_ENOMEM, "gr_event_create: out of memory");
-    }
-    std::memcpy(handle, &h, GR_IPC_HANDLE_SIZE);
-    *out = e;
-    return GR_OK;
+    rc = wrap_event("gr_event_create", index, ev, 0, out);
+    if (rc == GR_OK)
+        std::memcpy(handle, &h, GR_IPC_HANDLE_SIZE);
+    return rc;
 #else
     (void)index;
     return GR_EUNSUPPORTED; /* not reached: event_device refused */
@@ -225,13 +235,7 @@ extern "C" int gr_event_open(const char *device, const uint8_t handle[GR_IPC_HAN
         return gr__set_errorf(GR_EINVAL, "cudaIpcOpenEventHandle on %s: %s", device,
                               cudaGetErrorString(err));
     }
-    auto *e = new (std::nothrow) gr_event_t{index, ev, 1};
-    if (e == nullptr) {
-        (void)cudaEventDestroy(ev);
-        return gr__set_error(GR_ENOMEM, "gr_event_open: out of memory");
-    }
-    *out = e;
-    return GR_OK;
+    return wrap_event("gr_event_open", index, ev, 1, out);
 #else
     (void)index;
     return GR_EUNSUPPORTED; /* not reached: event_device refused */
