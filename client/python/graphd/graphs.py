@@ -356,12 +356,14 @@ class _Runner:
         return tree_unflatten(list(out), self.out_spec)
 
 
+_RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # looked up once
+
+
 def _current_raw_stream(device):
     """The current stream's cudaStream_t (an int) on device: torch's raw accessor where it has
     one (no torch.cuda.Stream object built for each replay), else through that object."""
-    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    if raw is not None:
-        return raw(device.index)
+    if _RAW_STREAM is not None:
+        return _RAW_STREAM(device.index)
     return torch.cuda.current_stream(device).cuda_stream
 
 
