@@ -50,6 +50,7 @@ import torch.nn as nn  # noqa: E402
 import graphd  # noqa: E402
 from graphd import client as gd_client  # noqa: E402
 from graphd import graphs as gd_graphs  # noqa: E402
+from gd_daemon import wait_until_answering  # noqa: E402 (bench/, the script's own folder)
 
 # The daemon's line for a capture; a daemon from before the steps were logged gives the total only.
 DAEMON_LINE = re.compile(r"captured \d+ graphs? in pool \S+ \(([\d.]+) ms(?:: prepare ([\d.]+) ms, "
@@ -111,19 +112,9 @@ class Daemon:
             self.proc = subprocess.Popen([str(exe), "--config", "/dev/null", "--listen",
                                           self.address, "--log-level", "info"],
                                          stdout=out, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 30
-        while True:
-            if self.proc.poll() is not None:
-                sys.exit("graphd exited with %s:\n%s" % (self.proc.returncode,
-                                                        self.log.read_text()))
-            try:
-                with graphd.Client(self.address) as c:
-                    c.status()
-                return
-            except graphd.GraphdError:
-                if time.monotonic() > deadline:
-                    sys.exit("graphd did not answer within 30 s")
-                time.sleep(0.05)
+        why = wait_until_answering(self.proc, self.address)
+        if why is not None:
+            sys.exit("%s:\n%s" % (why, self.log.read_text()))
 
     def stop(self):
         self.proc.send_signal(signal.SIGTERM)

@@ -346,20 +346,10 @@ class Daemon:
             self.proc = spawn([str(exe), "--config", "/dev/null", "--listen", self.address,
                                "--log-level", "warn"], stdout=out, stderr=subprocess.STDOUT,
                               stdin=subprocess.DEVNULL)
-        import graphd
-        deadline = time.monotonic() + 30
-        while True:
-            if self.proc.poll() is not None:
-                raise ModeFailed("graphd exited with %s:\n%s" % (self.proc.returncode,
-                                                                 tail(self.log)))
-            try:
-                with graphd.Client(self.address) as c:
-                    c.status()
-                return
-            except graphd.GraphdError:
-                if time.monotonic() > deadline:
-                    raise ModeFailed("graphd did not answer within 30 s:\n" + tail(self.log))
-                time.sleep(0.05)
+        from gd_daemon import wait_until_answering  # bench/, the script's own folder
+        why = wait_until_answering(self.proc, self.address)
+        if why is not None:
+            raise ModeFailed("%s:\n%s" % (why, tail(self.log)))
 
     def stop(self):
         rc = stop(self.proc, grace=20)
