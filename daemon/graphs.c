@@ -1377,15 +1377,20 @@ static void gpool_measure(gd_gpool_t *p)
     atomic_store(&p->mempool_in_use, in_use);
 }
 
-void gd_graphs_pool_fill(gd_daemon_t *d, Graphd__V1__Pool *pool)
+/* The graph side of pool's message from gp (NULL: a pool with no graph state yet). */
+static void pool_fill(const gd_gpool_t *gp, Graphd__V1__Pool *pool)
 {
-    gd_gpool_t *gp = gpool_find(d, pool->name);
     if (gp == NULL)
         return;
     pool->graphs = gp->graphs;
     pool->replays = gd_hist_count(&gp->latency);
     pool->graph_mempool_reserved_bytes = atomic_load(&gp->mempool_reserved);
     pool->graph_mempool_in_use_bytes = atomic_load(&gp->mempool_in_use);
+}
+
+void gd_graphs_pool_fill(gd_daemon_t *d, Graphd__V1__Pool *pool)
+{
+    pool_fill(gpool_find(d, pool->name), pool);
 }
 
 static void fill_latency(Graphd__V1__LatencyStatus *l, const gd_hist_t *h)
@@ -1445,7 +1450,7 @@ void gd_graphs_status(gd_daemon_t *d, Graphd__V1__StatusReply *rep)
         Graphd__V1__Pool *pool = rep->pools[p];
         gd_gpool_t *gp = gpool_find(d, pool->name);
         Graphd__V1__LatencyStatus *l = &st->lat[ng + p];
-        gd_graphs_pool_fill(d, pool);
+        pool_fill(gp, pool);
         if (gp)
             fill_latency(l, &gp->latency);
         else
