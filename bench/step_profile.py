@@ -70,6 +70,49 @@ def phases(model, opt, x, y, steps):
     return {k: v / steps / 1e3 for k, v in acc.items()}, wall, synced
 
 
+def replays(g1, o1, g2, o2, x, y, steps):
+    """Host µs of each replay call inside the step (p50 over the steps): the in-process
+    CUDAGraph.replay() against graphd's ordered replay, and the daemon's own launch time for it
+    (what the daemon reports: its stream wait, graph launch and event record). The difference
+    is the messaging, the client's event calls and the daemon's wake-up."""
+    from graphd import client as gclient
+    clock = time.perf_counter_ns
+    rec = {}
+
+    def timed(owner, name, key_of):
+        orig = getattr(owner, name)
+
+        def wrapper(*a, **kw):
+            t0 = clock()
+            r = orig(*a, **kw)
+            rec.setdefault(key_of(a), []).append((clock() - t0, r))
+            return r
+        setattr(owner, name, wrapper)
+        return orig
+    fwd = graphd._lib.PHASE_FORWARD
+    orig_cuda = timed(torch.cuda.CUDAGraph, "replay", lambda a: "in-process")
+    orig_gd = timed(gclient.Client, "_replay",
+                    lambda a: "graphd " + ("forward" if a[2] == fwd else "backward"))
+    try:
+        for g, o in ((g1, o1), (g2, o2)):
+            for _ in range(steps):
+                o.zero_grad(set_to_none=True)
+                nn.functional.mse_loss(g(x), y).backward()
+                o.step()
+            torch.cuda.synchronize()
+    finally:
+        torch.cuda.CUDAGraph.replay = orig_cuda
+        gclient.Client._replay = orig_gd
+
+    def p50(v):
+        return sorted(v)[len(v) // 2] / 1e3
+    print("replay calls, host µs p50     calls   call µs   daemon launch µs")
+    for key, v in sorted(rec.items()):
+        daemon = [r for _, r in v if isinstance(r, int)]
+        print("%-30s %6d %9.1f %18s" % (key, len(v), p50([t for t, _ in v]),
+                                        "%.1f" % p50(daemon) if daemon else "-"))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shape", default="64,512,8")
@@ -97,6 +140,8 @@ def main():
         print("%-20s %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %10.3f %10.3f" % (
             name, acc["zero_grad"], acc["forward"], acc["loss"], acc["backward"],
             acc["optimizer"], sum(acc.values()), wall, synced))
+
+    replays(g1, o1, g2, o2, x, y, args.steps)
 
     prof = cProfile.Profile()
     prof.enable()

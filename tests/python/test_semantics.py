@@ -210,6 +210,30 @@ def test_gradient_accumulation(set_to_none):
         torch.testing.assert_close(p, q, **RT)
 
 
+def test_param_grad_is_the_static_gradient_without_a_copy():
+    """One backward per step after zero_grad(set_to_none=True) (the default since torch 2.0):
+    param.grad is the graph's static gradient, as upstream's, with no copy; the steps still
+    train as eager does."""
+    torch.manual_seed(0)
+    m = gd_models.mlp()
+    twin = copy.deepcopy(m)
+    g = graphd.make_graphed_callables(m, (torch.randn(16, 8),))
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    e_opt = torch.optim.SGD(twin.parameters(), lr=0.1)
+    static_ptrs = {t.data_ptr() for t in m._graphd_runner.static.param_grads.values()}
+    for x, y in gd_models.batches((16, 8), (16, 4), n=4, seed=5):
+        for model, o in ((g, opt), (twin, e_opt)):
+            o.zero_grad(set_to_none=True)
+            F.mse_loss(model(x), y).backward()
+        assert {p.grad.data_ptr() for p in m.parameters()} == static_ptrs
+        for p, q in zip(m.parameters(), twin.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, **RT)
+        opt.step()
+        e_opt.step()
+    for p, q in zip(m.parameters(), twin.parameters()):
+        torch.testing.assert_close(p, q, **RT)
+
+
 def test_input_that_requires_grad_gets_its_grad():
     torch.manual_seed(0)
     m = gd_models.mlp()

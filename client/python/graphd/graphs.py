@@ -20,9 +20,15 @@ Where graphd differs, and why:
   module's buffers in place (the eval-mode fallback and state_dict see them); the sample args
   that are plain leaf tensors are rebound to the INPUT tensors, so that, as upstream, filling a
   sample tensor in place and passing it costs no copy.
-- backward returns clones of the static gradients: a tensor aliasing the static region could
-  become param.grad (AccumulateGrad steals a gradient nobody else references) and the next
-  BACKWARD would then overwrite the user's accumulated gradient.
+- Parameter gradients come back as upstream's do, as detached views of the static gradients,
+  so AccumulateGrad takes the view as param.grad with no copy (after zero_grad() with its
+  default set_to_none=True, the usual loop): until the next BACKWARD, param.grad is the static
+  gradient, as it is upstream. Unlike upstream, accumulation stays right: before a BACKWARD
+  overwrites its static gradients, a param.grad that is one of them is replaced by a copy, so a
+  second backward without zero_grad (gradient accumulation, zero_grad(set_to_none=False)) adds
+  to the old gradient instead of to itself (upstream's result is twice the new gradient).
+  Gradients for the user args are clones: a leaf arg's .grad outlives the graph's next BACKWARD
+  in ways the graph cannot see.
 - Outputs that do not require grad are marked non-differentiable, so they come back with
   requires_grad=False as they would from the eager callable.
 - Device-resident: when the callables' parameters and sample args are on a CUDA device, the
@@ -407,6 +413,15 @@ class _Graphed(torch.autograd.Function):
     def backward(ctx, *grads):
         runner = ctx.runner
         s = runner.static
+        need = ctx.needs_input_grad
+        params = runner.module_params
+        for k, static in s.param_grads.items():
+            # param.grad may be this static gradient, taken by AccumulateGrad last time (zero
+            # copy); the replay below overwrites it, so keep the gradient so far in a copy that
+            # AccumulateGrad then adds to.
+            grad = params[k].grad
+            if grad is not None and grad.data_ptr() == static.data_ptr():
+                params[k].grad = grad.clone()
         for k, static in s.grad_outputs.items():
             grad = grads[k]
             if grad is None:
@@ -414,7 +429,6 @@ class _Graphed(torch.autograd.Function):
             elif not _same_tensor(static, grad):
                 static.copy_(grad)
         runner.replay(_lib.PHASE_BACKWARD)
-        need = ctx.needs_input_grad
         result = [None]  # the runner
         for k in range(runner.n_args):
             g = s.grad_inputs.get(k)
@@ -425,7 +439,7 @@ class _Graphed(torch.autograd.Function):
             g = s.param_grads.get(k)
             if (_lib.ROLE_PARAM_GRAD, k) in s.absent:
                 g = None
-            result.append(g.clone() if g is not None and need[1 + runner.n_args + k] else None)
+            result.append(g.detach() if g is not None and need[1 + runner.n_args + k] else None)
         return tuple(result)
 
 
