@@ -15,6 +15,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include <c10/util/accumulate.h>
 #include <torch/version.h>
 
 struct gr_module {
@@ -22,6 +23,10 @@ struct gr_module {
     uint8_t sha256[GR_SHA256_LEN];
     uint64_t archive_bytes = 0;
     torch::jit::Module module;
+    /* Parameters and buffers the archive holds as one element expanded to a shape (the Python
+     * client saves its parameters that way): the module keeps that element alone, as a 0-dim
+     * tensor, and this maps it to the shape. Clones materialise them on their device. */
+    std::unordered_map<const c10::TensorImpl *, std::vector<int64_t>> expanded;
     uint32_t refcount = 1; /* guarded by the registry mutex */
     std::mutex clone_mu;
 };
@@ -159,6 +164,60 @@ template <typename List> std::vector<torch::jit::Named<at::Tensor>> unique_tenso
     return out;
 }
 
+/* Every parameter and buffer of m with its dotted name, tied ones under each of their names. */
+std::vector<torch::jit::Named<at::Tensor>> named_tensors(const torch::jit::Module &m)
+{
+    std::vector<torch::jit::Named<at::Tensor>> out;
+    for (const auto &p : m.named_parameters(true))
+        out.push_back(p);
+    for (const auto &b : m.named_buffers(true))
+        out.push_back(b);
+    return out;
+}
+
+/* Sets the attribute at a dotted path ("layers.3.weight") of root to v. */
+void set_by_path(const torch::jit::Module &root, const std::string &path, const at::Tensor &v)
+{
+    torch::jit::Module mod = root;
+    size_t start = 0;
+    for (size_t dot; (dot = path.find('.', start)) != std::string::npos; start = dot + 1)
+        mod = mod.attr(path.substr(start, dot - start)).toModule();
+    mod.setattr(path.substr(start), v);
+}
+
+/* One value repeated over a shape: every stride 0 (what torch.expand of one element gives). */
+bool is_expanded_scalar(const at::Tensor &t)
+{
+    if (!t.defined() || t.dim() == 0 || t.numel() <= 1)
+        return false;
+    for (int64_t s : t.strides())
+        if (s != 0)
+            return false;
+    return true;
+}
+
+/* Replaces each expanded parameter and buffer of m->module by its one element. Copying an
+ * expanded tensor to a GPU first writes it out in full on the CPU and then moves it (for a
+ * (256, 4096, 8) MLP, half a gigabyte written and copied for each capture); the element alone
+ * is copied in no time, and module_clone expands it on the device. */
+void compact_expanded(gr_module_t *m)
+{
+    std::unordered_map<const c10::TensorImpl *, at::Tensor> done; /* tied: one compact tensor */
+    for (const auto &item : named_tensors(m->module)) {
+        const at::Tensor &t = item.value;
+        if (!is_expanded_scalar(t))
+            continue;
+        auto it = done.find(t.unsafeGetTensorImpl());
+        if (it == done.end()) {
+            at::Tensor one = t.detach().as_strided({}, {}, t.storage_offset()).clone();
+            one.requires_grad_(t.requires_grad());
+            m->expanded.emplace(one.unsafeGetTensorImpl(), t.sizes().vec());
+            it = done.emplace(t.unsafeGetTensorImpl(), one).first;
+        }
+        set_by_path(m->module, item.name, it->second);
+    }
+}
+
 /* A deep copy of m (its tensors on the CPU, as loaded) with its tensors on device. libtorch >= 2.1
  * copies each tensor straight to the device; before, the copy is made on the CPU and then moved,
  * which for a CUDA device copies every parameter twice. */
@@ -185,6 +244,23 @@ torch::jit::Module module_clone(gr_module_t *m, c10::Device device)
      * results of clone(). Copy without grad, then restore requires_grad from the original. */
     c10::NoGradGuard no_grad;
     torch::jit::Module copy = copy_to(m->module, device);
+    if (!m->expanded.empty()) {
+        /* Each compact tensor, now on the device, expanded to its shape and written out there;
+         * the lists of the original and the copy name the same tensors in the same order. */
+        auto orig = named_tensors(m->module), mine = named_tensors(copy);
+        std::unordered_map<const c10::TensorImpl *, at::Tensor> done; /* tied stay tied */
+        for (size_t i = 0; i < orig.size() && i < mine.size(); i++) {
+            auto shape = m->expanded.find(orig[i].value.unsafeGetTensorImpl());
+            if (shape == m->expanded.end())
+                continue;
+            const at::Tensor &one = mine[i].value;
+            auto it = done.find(one.unsafeGetTensorImpl());
+            if (it == done.end())
+                it = done.emplace(one.unsafeGetTensorImpl(), one.expand(shape->second).contiguous())
+                         .first;
+            set_by_path(copy, mine[i].name, it->second);
+        }
+    }
     auto orig_params = m->module.named_parameters(true);
     auto copy_params = copy.named_parameters(true);
     for (auto o = orig_params.begin(), c = copy_params.begin();
@@ -229,6 +305,7 @@ extern "C" int gr_module_load(const void *bytes, size_t len, gr_module_t **out)
         /* Parse outside the lock; if another thread loaded the same bytes meanwhile, use its. */
         auto m = std::make_unique<gr_module>();
         m->module = load_archive(bytes, len);
+        compact_expanded(m.get());
         m->key = key;
         std::memcpy(m->sha256, sha, sizeof(sha));
         m->archive_bytes = len;
@@ -290,7 +367,12 @@ extern "C" int gr_module_info(const gr_module_t *m, gr_module_info_t *out)
         for (const auto &p : unique_tensors(m->module.named_parameters(true))) {
             info.n_parameters++;
             info.n_trainable += p.value.requires_grad() ? 1 : 0;
-            info.parameter_bytes += p.value.nbytes();
+            auto shape = m->expanded.find(p.value.unsafeGetTensorImpl());
+            info.parameter_bytes +=
+                shape == m->expanded.end()
+                    ? p.value.nbytes()
+                    : static_cast<uint64_t>(c10::multiply_integers(shape->second)) *
+                          p.value.element_size();
         }
         info.n_buffers =
             static_cast<uint32_t>(unique_tensors(m->module.named_buffers(true)).size());

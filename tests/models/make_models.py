@@ -252,6 +252,34 @@ def make_big(out, ref):
     ref.put("big.y", lin(x))
 
 
+class Tied(nn.Module):
+    """Two layers sharing one weight, and a buffer: saved with every parameter and the buffer as
+    one value expanded to its shape (stride 0), as the Python client saves its archives."""
+
+    def __init__(self):
+        super().__init__()
+        self.l1 = nn.Linear(8, 8)
+        self.l2 = nn.Linear(8, 8)
+        self.l2.weight = self.l1.weight
+        self.register_buffer("scale", torch.ones(8))
+
+    def forward(self, x):
+        return self.l2(torch.relu(self.l1(x))) * self.scale
+
+
+def make_expanded(out, ref):
+    torch.manual_seed(888)
+    m = Tied()
+    with torch.no_grad():
+        for p, v in ((m.l1.weight, 0.25), (m.l1.bias, 0.5), (m.l2.bias, -0.125)):
+            p.data = torch.full((), v).expand(p.shape)
+    m.scale = torch.full((), 2.0).expand(8)
+    x = torch.randn(4, 8)
+    torch.jit.script(m).save(os.path.join(out, "expanded.pt"))
+    ref.put("expanded.x", x)
+    ref.put("expanded.out", m(x))
+
+
 class Slow(nn.Module):
     """A forward that takes long on purpose: 64 rounds of tanh(x @ w) with one 256x256 weight, so
     its cost grows with the batch the caller captures it at (test_devices.c's [256, 256] input:
@@ -284,6 +312,7 @@ def main():
     make_two(out, ref)
     make_misc(out, ref)
     make_big(out, ref)
+    make_expanded(out, ref)
     make_slow(out)
     ref.write(os.path.join(out, "ref.txt"))
 

@@ -1018,6 +1018,55 @@ static void test_params_updated_in_place(void **state)
     release(&t, 1);
 }
 
+/* A module whose parameters and buffer the archive holds as one value expanded to a shape (the
+ * Python client's archives): the module reports their full size, and a capture gets them written
+ * out in full on its device, a tied weight still one parameter. */
+static void expanded_params_on(const char *device, double tol)
+{
+    gr_module_t *m = load_model("expanded.pt");
+    gr_module_info_t info;
+    assert_int_equal(gr_module_info(m, &info), GR_OK);
+    assert_int_equal(info.n_parameters, 3);
+    assert_int_equal(info.n_buffers, 1);
+    assert_int_equal(info.parameter_bytes, (8 * 8 + 8 + 8) * 4);
+    const int64_t xs[2] = {4, 8};
+    gr_arg_spec_t arg = f32_arg(2, xs, 0);
+    gr_callable_spec_t spec = {m, NULL, 1, &arg};
+    tgraph_t t;
+    int rc = capture_on(device, 1, &spec, NULL, &t);
+    if (rc != GR_OK)
+        fail_msg("capture on %s: %s: %s", device, gr_err_name(rc), gr_last_error());
+    assert_int_equal(count_role(&t, GR_ROLE_PARAM), 3);
+    const struct {
+        const char *name;
+        int role;
+        size_t n;
+        float value;
+    } want[] = {{"l1.weight", GR_ROLE_PARAM, 64, 0.25f},
+                {"l1.bias", GR_ROLE_PARAM, 8, 0.5f},
+                {"l2.bias", GR_ROLE_PARAM, 8, -0.125f},
+                {"scale", GR_ROLE_BUFFER, 8, 2.0f}};
+    for (size_t k = 0; k < sizeof want / sizeof want[0]; k++) {
+        const gr_tensor_desc_t *d = find_named(&t, want[k].role, want[k].name);
+        assert_non_null(d);
+        assert_int_equal(numel(d), want[k].n);
+        const float *v = at(&t, d->offset);
+        for (size_t i = 0; i < want[k].n; i++)
+            assert_float_equal(v[i], want[k].value, 0);
+    }
+    put(&t, GR_ROLE_INPUT, 0, ref("expanded.x", 32));
+    replay_ok(t.g, GR_PHASE_FORWARD);
+    assert_close(f32(&t, GR_ROLE_OUTPUT, 0), ref("expanded.out", 32), 32, tol, "expanded out");
+    release(&t, 1);
+    gr_module_release(m);
+}
+
+static void test_expanded_params(void **state)
+{
+    (void)state;
+    expanded_params_on("cpu:0", REL_TOL);
+}
+
 static void test_shape_mismatch(void **state)
 {
     (void)state;
@@ -1521,6 +1570,14 @@ static void test_cuda_batchnorm_buffer_tensors(void **state)
     bn_buffer_tensors_on("cuda:0", CUDA_REL_TOL);
 }
 
+static void test_cuda_expanded_params(void **state)
+{
+    (void)state;
+    if (cuda_count() == 0)
+        skip();
+    expanded_params_on("cuda:0", CUDA_REL_TOL);
+}
+
 static void test_cuda_eval_buffer_writes(void **state)
 {
     (void)state;
@@ -1547,6 +1604,7 @@ int main(void)
         cmocka_unit_test(test_buffer_requiring_grad_rejected),
         cmocka_unit_test(test_multiple_outputs),
         cmocka_unit_test(test_params_updated_in_place),
+        cmocka_unit_test(test_expanded_params),
         cmocka_unit_test(test_shape_mismatch),
         cmocka_unit_test(test_backward_before_forward),
         cmocka_unit_test(test_throwing_forward),
@@ -1560,6 +1618,7 @@ int main(void)
         cmocka_unit_test(test_cuda_replay_twice_identical),
         cmocka_unit_test(test_cuda_batchnorm_buffer_tensors),
         cmocka_unit_test(test_cuda_eval_buffer_writes),
+        cmocka_unit_test(test_cuda_expanded_params),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
