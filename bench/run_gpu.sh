@@ -7,7 +7,8 @@
 #   bench/run_gpu.sh OUTDIR [STEP...]
 # Environment: PYTESTS (the pytest paths, default tests/python), STEPS (training steps per mode,
 # default 200), SHARE_ARGS (more arguments for bench/share_gpu.py), PROFILE_SHAPES (default
-# "64,512,8 256,4096,8"), PYTHON (default python3),
+# "64,512,8 256,4096,8"), PYTHON (default python3), DAEMON_ARGS (more graphd options for the
+# steps that start one: train, replay, profile),
 # MPS=1 (run everything under NVIDIA MPS: starts nvidia-cuda-mps-control for the run, stops it
 # at the end).
 # Steps (default: all, in this order): build tests train replay capture share; also profile
@@ -32,7 +33,7 @@ unset CPATH
 daemon_pid=
 start_daemon() {
     rm -f /tmp/graphd-bench.sock /tmp/graphd-bench.sock.session
-    build/graphd --config /dev/null --listen unix:/tmp/graphd-bench.sock "$@" \
+    build/graphd --config /dev/null --listen unix:/tmp/graphd-bench.sock ${DAEMON_ARGS:-} "$@" \
         >"$out/daemon-$step.log" 2>&1 &
     daemon_pid=$!
     for _ in $(seq 100); do

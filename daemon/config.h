@@ -33,6 +33,7 @@ typedef struct gd_config {
     uint64_t cpu_devices;
     uint64_t intra_op_threads;
     uint64_t worker_spin_us;
+    uint64_t replay_spin_us;
 } gd_config_t;
 
 typedef enum {

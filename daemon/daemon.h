@@ -87,6 +87,10 @@ typedef struct gd_daemon {
     uv_signal_t sig_term, sig_int, sig_hup;
     uv_timer_t tick;
     uv_timer_t grace;
+    /* While device-resident replays keep coming, the loop polls instead of sleeping in epoll
+     * (replay_spin_us): active until replay_hot_until, a gd_now_ns() time. */
+    uv_idle_t replay_spin;
+    uint64_t replay_spin_ns, replay_hot_until;
 
     uint64_t started_unix_ms;
     uint64_t started_mono_ms;

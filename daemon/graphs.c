@@ -185,10 +185,33 @@ int gd_graphs_start(gd_daemon_t *d)
             return -1;
         d->nworkers++;
     }
-    if (d->nworkers > 0 && d->cfg.worker_spin_us > 0 && d->workers[0].spin_ns == 0)
-        gd_info("worker_spin_us %llu ignored: fewer than 4 CPUs, idle workers sleep at once",
-                (unsigned long long)d->cfg.worker_spin_us);
+    bool can_spin = d->nworkers > 0 && d->workers[0].can_spin;
+    if (!can_spin && (d->cfg.worker_spin_us > 0 || d->cfg.replay_spin_us > 0))
+        gd_info("worker_spin_us and replay_spin_us ignored: fewer than 4 CPUs, idle threads "
+                "sleep at once");
+    d->replay_spin_ns = can_spin ? d->cfg.replay_spin_us * 1000u : 0;
+    uv_idle_init(d->loop, &d->replay_spin);
+    d->replay_spin.data = d;
     return 0;
+}
+
+static void on_replay_spin(uv_idle_t *h)
+{
+    gd_daemon_t *d = h->data;
+    if (gd_now_ns() >= d->replay_hot_until)
+        uv_idle_stop(h);
+}
+
+/* A device-resident replay came at now: the loop (which reads the next REPLAY frame) and w
+ * (which runs it) poll rather than sleep for replay_spin_us, so that neither has to be woken. */
+static void replay_keep_hot(gd_daemon_t *d, gd_worker_t *w, uint64_t now)
+{
+    if (d->replay_spin_ns == 0)
+        return;
+    d->replay_hot_until = now + d->replay_spin_ns;
+    gd_worker_keep_hot(w, d->replay_hot_until);
+    if (!uv_is_active((uv_handle_t *)&d->replay_spin))
+        uv_idle_start(&d->replay_spin, on_replay_spin);
 }
 
 static void module_unref(gd_daemon_t *d, gd_module_t *m)
@@ -206,6 +229,8 @@ static void module_unref(gd_daemon_t *d, gd_module_t *m)
 
 void gd_graphs_stop(gd_daemon_t *d)
 {
+    if (uv_is_active((uv_handle_t *)&d->replay_spin))
+        uv_idle_stop(&d->replay_spin);
     for (size_t i = 0; i < d->nworkers; i++)
         gd_worker_stop(&d->workers[i]);
     d->nworkers = 0;
@@ -1299,6 +1324,8 @@ void gd_replay_frame(gd_daemon_t *d, gd_session_t *s, gd_wire_t *wire, const gra
     j->wire = wire;
     gd_wire_ref(wire);
     s->replays++;
+    if (ev != NULL)
+        replay_keep_hot(d, g->worker, t0);
     gd_worker_submit(g->worker, &j->job);
 }
 

@@ -7,13 +7,17 @@
 #include <string.h>
 #include <sys/sysinfo.h>
 
-/* Polls for a job submitted after seen, for at most w->spin_ns; called without the lock. */
+/* Polls for a job submitted after seen, for at most w->spin_ns or until w->hot_until, whichever
+ * is later; called without the lock. */
 static void spin_for_work(gd_worker_t *w, uint_fast64_t seen)
 {
-    if (w->spin_ns == 0)
+    if (!w->can_spin)
         return;
     uint64_t until = gd_now_ns() + w->spin_ns;
     do {
+        uint64_t hot = atomic_load_explicit(&w->hot_until, memory_order_relaxed);
+        if (hot > until)
+            until = hot;
         for (int i = 0; i < 64; i++) {
             if (atomic_load_explicit(&w->submitted, memory_order_acquire) != seen)
                 return;
@@ -32,7 +36,7 @@ static void *worker_main(void *arg)
     pthread_setname_np(pthread_self(), name);
     pthread_mutex_lock(&w->lock);
     for (;;) {
-        if (w->head == NULL && !w->stopping && w->spin_ns > 0) {
+        if (w->head == NULL && !w->stopping && w->can_spin) {
             uint_fast64_t seen = atomic_load_explicit(&w->submitted, memory_order_relaxed);
             pthread_mutex_unlock(&w->lock);
             spin_for_work(w, seen);
@@ -66,6 +70,15 @@ static void *worker_main(void *arg)
     return NULL;
 }
 
+void gd_worker_keep_hot(gd_worker_t *w, uint64_t until)
+{
+    uint_fast64_t cur = atomic_load_explicit(&w->hot_until, memory_order_relaxed);
+    while (cur < until && !atomic_compare_exchange_weak_explicit(
+                              &w->hot_until, &cur, until, memory_order_relaxed,
+                              memory_order_relaxed))
+        ;
+}
+
 static void on_done(uv_async_t *h)
 {
     gd_worker_t *w = h->data;
@@ -86,8 +99,10 @@ int gd_worker_start(gd_worker_t *w, uv_loop_t *loop, const char *device, uint64_
     snprintf(w->device, sizeof w->device, "%s", device);
     /* With fewer than 4 CPUs a polling worker takes the core that the loop thread or the client
      * needs to produce the next job, and polling would slow replays down instead. */
-    w->spin_ns = get_nprocs() >= 4 ? spin_us * 1000u : 0;
+    w->can_spin = get_nprocs() >= 4;
+    w->spin_ns = w->can_spin ? spin_us * 1000u : 0;
     atomic_init(&w->submitted, 0);
+    atomic_init(&w->hot_until, 0);
     pthread_mutex_init(&w->lock, NULL);
     pthread_cond_init(&w->cond, NULL);
     uv_async_init(loop, &w->async, on_done);

@@ -32,13 +32,18 @@ typedef struct gd_worker {
     gd_job_t *done_head, *done_tail; /* ran, waiting for their done callback */
     bool stopping;
     atomic_uint_fast64_t submitted; /* jobs ever queued: what an idle worker polls */
+    bool can_spin;                  /* polling allowed at all: 4 CPUs or more */
     uint64_t spin_ns;               /* how long an idle worker polls before sleeping */
+    atomic_uint_fast64_t hot_until; /* gd_now_ns() before which an idle worker keeps polling */
     uv_async_t async;
 } gd_worker_t;
 
 /* Starts the thread; an idle worker polls for spin_us before it sleeps on the queue (0: never
  * polls). 0 or -1 (logged). */
 int gd_worker_start(gd_worker_t *w, uv_loop_t *loop, const char *device, uint64_t spin_us);
+/* Keeps the worker polling, not sleeping, while idle until gd_now_ns() reaches until (a later
+ * until than the one set wins). Any thread; polling still needs 4 CPUs (gd_worker_start). */
+void gd_worker_keep_hot(gd_worker_t *w, uint64_t until);
 /* Queues a job; safe from the loop thread only. */
 void gd_worker_submit(gd_worker_t *w, gd_job_t *job);
 /* Runs the jobs already queued, then stops and joins the thread and closes the async handle. */
