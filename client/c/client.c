@@ -70,7 +70,7 @@ static void clear_error(graphd_client_t *c)
     c->last_error[0] = '\0';
 }
 
-/* GRAPHD_SPIN_US, else 50 µs on hosts with at least 4 CPUs and 0 on smaller ones (where the
+/* GRAPHD_SPIN_US, else 200 µs on hosts with at least 4 CPUs and 0 on smaller ones (where the
  * polling thread would take the core the daemon needs to answer). */
 static int spin_from_env(void)
 {
@@ -81,7 +81,7 @@ static int spin_from_env(void)
         if (*end == '\0' && v >= 0 && v <= 100000)
             return (int)v;
     }
-    return get_nprocs() >= 4 ? 50 : 0;
+    return get_nprocs() >= 4 ? 200 : 0;
 }
 
 static int timeout_from_env(void)

@@ -19,7 +19,7 @@
  * of each RPC and data-plane exchange, default 60000), GRAPHD_TLS_CA (PEM roots
  * trusted for a TCP address, which is always TLS; default: gRPC's roots),
  * GRAPHD_SPIN_US (how long a data-plane exchange polls for its reply before
- * blocking; default 50 on hosts with 4 or more CPUs, else 0).
+ * blocking; default 200 on hosts with 4 or more CPUs, else 0).
  */
 #ifndef GRAPHD_H
 #define GRAPHD_H
