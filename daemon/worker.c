@@ -73,9 +73,9 @@ static void *worker_main(void *arg)
 void gd_worker_keep_hot(gd_worker_t *w, uint64_t until)
 {
     uint_fast64_t cur = atomic_load_explicit(&w->hot_until, memory_order_relaxed);
-    while (cur < until && !atomic_compare_exchange_weak_explicit(
-                              &w->hot_until, &cur, until, memory_order_relaxed,
-                              memory_order_relaxed))
+    while (cur < until &&
+           !atomic_compare_exchange_weak_explicit(&w->hot_until, &cur, until, memory_order_relaxed,
+                                                  memory_order_relaxed))
         ;
 }
 
