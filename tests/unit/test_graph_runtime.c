@@ -195,6 +195,15 @@ static int capture_on(const char *device, size_t n, const gr_callable_spec_t *sp
     return GR_OK;
 }
 
+/* capture_on that must succeed: a failure fails the test with the runtime's message. */
+static void capture_ok(const char *device, size_t n, const gr_callable_spec_t *specs,
+                       const gr_capture_opts_t *opts, tgraph_t *out)
+{
+    int rc = capture_on(device, n, specs, opts, out);
+    if (rc != GR_OK)
+        fail_msg("capture on %s: %s: %s", device, gr_err_name(rc), gr_last_error());
+}
+
 static int capture(size_t n, const gr_callable_spec_t *specs, const gr_capture_opts_t *opts,
                    tgraph_t *out)
 {
@@ -755,9 +764,7 @@ static void bn_buffer_tensors_on(const char *device, double tol)
     arg.data = x0; /* warm-up updates the running stats with these values, as upstream */
     gr_callable_spec_t spec = {m, NULL, 1, &arg};
     tgraph_t t;
-    int rc = capture_on(device, 1, &spec, NULL, &t);
-    if (rc != GR_OK)
-        fail_msg("capture on %s: %s: %s", device, gr_err_name(rc), gr_last_error());
+    capture_ok(device, 1, &spec, NULL, &t);
 
     assert_int_equal(count_role(&t, GR_ROLE_BUFFER), 3);
     gr_graph_info_t info;
@@ -857,9 +864,7 @@ static void eval_buffer_writes_on(const char *device, double tol)
     gr_arg_spec_t arg = f32_arg(2, s, 0);
     gr_callable_spec_t spec = {m, NULL, 1, &arg};
     tgraph_t t;
-    int rc = capture_on(device, 1, &spec, NULL, &t);
-    if (rc != GR_OK)
-        fail_msg("capture on %s: %s: %s", device, gr_err_name(rc), gr_last_error());
+    capture_ok(device, 1, &spec, NULL, &t);
     assert_int_equal(count_role(&t, GR_ROLE_BUFFER), 3);
     const gr_tensor_desc_t *rmd = find_named(&t, GR_ROLE_BUFFER, "bn.running_mean");
     const gr_tensor_desc_t *rvd = find_named(&t, GR_ROLE_BUFFER, "bn.running_var");
@@ -1033,9 +1038,7 @@ static void expanded_params_on(const char *device, double tol)
     gr_arg_spec_t arg = f32_arg(2, xs, 0);
     gr_callable_spec_t spec = {m, NULL, 1, &arg};
     tgraph_t t;
-    int rc = capture_on(device, 1, &spec, NULL, &t);
-    if (rc != GR_OK)
-        fail_msg("capture on %s: %s: %s", device, gr_err_name(rc), gr_last_error());
+    capture_ok(device, 1, &spec, NULL, &t);
     assert_int_equal(count_role(&t, GR_ROLE_PARAM), 3);
     const struct {
         const char *name;
@@ -1430,9 +1433,7 @@ static void test_cuda_mlp_training_parity(void **state)
     gr_arg_spec_t arg = f32_arg(2, xs, 0);
     gr_callable_spec_t spec = {m, NULL, 1, &arg};
     tgraph_t t;
-    int rc = capture_on("cuda:0", 1, &spec, NULL, &t);
-    if (rc != GR_OK)
-        fail_msg("capture on cuda:0: %s: %s", gr_err_name(rc), gr_last_error());
+    capture_ok("cuda:0", 1, &spec, NULL, &t);
     gr_graph_info_t info;
     assert_int_equal(gr_graph_info(t.g, &info), GR_OK);
     assert_string_equal(info.device, "cuda:0");
@@ -1483,12 +1484,10 @@ static void test_cuda_two_callables_shared_pool(void **state)
     gr_capture_opts_init(&opts);
     opts.pool = pool;
     tgraph_t t[2];
-    int rc = capture_on("cuda:0", 2, specs, &opts, t);
-    if (rc != GR_OK)
-        fail_msg("capture on cuda:0: %s: %s", gr_err_name(rc), gr_last_error());
+    capture_ok("cuda:0", 2, specs, &opts, t);
     assert_error(gr_pool_destroy(pool), GR_EBUSY, NULL);
     /* The captured forwards and backwards allocated their intermediates in the pool's mempool. */
-    rc = gr_pool_memory(pool, &reserved, &in_use);
+    int rc = gr_pool_memory(pool, &reserved, &in_use);
     if (rc != GR_OK)
         fail_msg("gr_pool_memory: %s: %s", gr_err_name(rc), gr_last_error());
     printf("# cuda:0 pool mempool: %llu bytes reserved, %llu in use\n",
@@ -1532,9 +1531,7 @@ static void test_cuda_replay_twice_identical(void **state)
     gr_arg_spec_t arg = f32_arg(2, xs, 0);
     gr_callable_spec_t spec = {m, NULL, 1, &arg};
     tgraph_t t;
-    int rc = capture_on("cuda:0", 1, &spec, NULL, &t);
-    if (rc != GR_OK)
-        fail_msg("capture on cuda:0: %s: %s", gr_err_name(rc), gr_last_error());
+    capture_ok("cuda:0", 1, &spec, NULL, &t);
     const gr_tensor_desc_t *od = find(&t, GR_ROLE_OUTPUT, 0);
     const gr_tensor_desc_t *gd = find(&t, GR_ROLE_PARAM_GRAD, 0);
     uint8_t *out1 = malloc(od->nbytes), *grad1 = malloc(gd->nbytes);
