@@ -202,8 +202,8 @@ static void on_replay_spin(uv_idle_t *h)
         uv_idle_stop(h);
 }
 
-/* A device-resident replay came at now: the loop (which reads the next REPLAY frame) and w
- * (which runs it) poll rather than sleep for replay_spin_us, so that neither has to be woken. */
+/* A replay on a GPU came at now: the loop (which reads the next REPLAY frame) and w (which runs
+ * it) poll rather than sleep for replay_spin_us, so that neither has to be woken. */
 static void replay_keep_hot(gd_daemon_t *d, gd_worker_t *w, uint64_t now)
 {
     if (d->replay_spin_ns == 0)
@@ -1324,7 +1324,9 @@ void gd_replay_frame(gd_daemon_t *d, gd_session_t *s, gd_wire_t *wire, const gra
     j->wire = wire;
     gd_wire_ref(wire);
     s->replays++;
-    if (ev != NULL)
+    /* Every replay on a GPU, ordered or not (host-staged sessions, the unordered fast path); not
+     * on the CPU, whose replays need the cores for their compute. */
+    if (strncmp(g->worker->device, "cpu:", 4) != 0)
         replay_keep_hot(d, g->worker, t0);
     gd_worker_submit(g->worker, &j->job);
 }
