@@ -60,8 +60,8 @@ const gd_setting_t gd_settings[] = {
      "how long an idle device worker polls for the next job before sleeping (lower replay "
      "latency for a core's time; 0 on hosts with fewer than 4 CPUs)"},
     {"replay_spin_us", GD_CFG_UINT, FIELD(replay_spin_us), "2000", 0, 100000, false,
-     "after a replay on a GPU, how long the event loop and the device's worker poll for the "
-     "next one before sleeping: a training step's next replay comes hundreds of "
+     "after a device-resident replay, how long the event loop and the device's worker poll for "
+     "the next one before sleeping: a training step's next replay comes hundreds of "
      "microseconds later, and each sleeping thread takes tens of microseconds to wake (a core "
      "each while a GPU trains; 0 on hosts with fewer than 4 CPUs)"},
 };

@@ -95,6 +95,7 @@ struct gd_graph {
     uint64_t region_bytes;
     char module[GD_NAME_MAX + 1];
     bool training;
+    bool resident; /* static tensors in device memory (a device-resident capture) */
     atomic_uint_fast64_t replays_forward, replays_backward, replay_errors;
     gd_hist_t latency;
     gd_graph_t *next;
@@ -202,8 +203,8 @@ static void on_replay_spin(uv_idle_t *h)
         uv_idle_stop(h);
 }
 
-/* A replay on a GPU came at now: the loop (which reads the next REPLAY frame) and w (which runs
- * it) poll rather than sleep for replay_spin_us, so that neither has to be woken. */
+/* A device-resident replay came at now: the loop (which reads the next REPLAY frame) and w
+ * (which runs it) poll rather than sleep for replay_spin_us, so that neither has to be woken. */
 static void replay_keep_hot(gd_daemon_t *d, gd_worker_t *w, uint64_t now)
 {
     if (d->replay_spin_ns == 0)
@@ -834,6 +835,7 @@ static void capture_finish_done(gd_job_t *job)
         g->worker = op->pool->worker;
         g->g = op->graphs[i];
         g->base = op->opts.resident ? NULL : op->bases[i]; /* device memory: its region's */
+        g->resident = op->opts.resident != 0;
         g->map_len = op->map_lens[i];
         g->region_id = op->region_ids[i];
         g->region_bytes = info.total_bytes;
@@ -1324,9 +1326,11 @@ void gd_replay_frame(gd_daemon_t *d, gd_session_t *s, gd_wire_t *wire, const gra
     j->wire = wire;
     gd_wire_ref(wire);
     s->replays++;
-    /* Every replay on a GPU, ordered or not (host-staged sessions, the unordered fast path); not
-     * on the CPU, whose replays need the cores for their compute. */
-    if (strncmp(g->worker->device, "cpu:", 4) != 0)
+    /* Device-resident replays, ordered or not. Not host-staged ones or the CPU's: those clients
+     * compute on the host's cores (a CPU module, its optimizer). With the two threads polling
+     * after host-staged replays too, a host-staged (64, 512, 8) step took 13.5 ms in one H200
+     * run, against 1.9-3.4 ms in five runs without. */
+    if (g->resident)
         replay_keep_hot(d, g->worker, t0);
     gd_worker_submit(g->worker, &j->job);
 }
