@@ -51,17 +51,11 @@ import graphd  # noqa: E402
 from graphd import client as gd_client  # noqa: E402
 from graphd import graphs as gd_graphs  # noqa: E402
 from gd_daemon import wait_until_answering  # noqa: E402 (bench/, the script's own folder)
+from bench_models import mlp  # noqa: E402 (bench/, the script's own folder)
 
 # The daemon's line for a capture; a daemon from before the steps were logged gives the total only.
 DAEMON_LINE = re.compile(r"captured \d+ graphs? in pool \S+ \(([\d.]+) ms(?:: prepare ([\d.]+) ms, "
                          r"regions ([\d.]+) ms, finish ([\d.]+) ms, queued ([\d.]+) ms)?\)")
-
-
-def mlp(width, depth):
-    layers = []
-    for i in range(depth):
-        layers += [nn.Linear(width, width)] + ([nn.ReLU()] if i < depth - 1 else [])
-    return nn.Sequential(*layers)
 
 
 class Timers:

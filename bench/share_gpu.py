@@ -112,17 +112,11 @@ def emit(**msg):
 # ---------------------------------------------------------------------------------------------
 # Worker: one training process.
 
-def mlp(width, depth):
-    import torch.nn as nn
-    layers = []
-    for i in range(depth):
-        layers += [nn.Linear(width, width)] + ([nn.ReLU()] if i < depth - 1 else [])
-    return nn.Sequential(*layers)
-
-
 def worker(a):
     import torch
     import torch.nn as nn
+
+    from bench_models import mlp  # bench/, the script's own folder
 
     torch.set_num_threads(a.threads)
     cuda = a.device == "cuda"

@@ -19,20 +19,11 @@ import tempfile
 import time
 
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
+from bench_models import mlp  # bench/, the script's own folder
 
 SHAPES = [(64, 512, 8), (64, 1024, 16)]
 WARM = 20
-
-
-def mlp(width, depth):
-    layers = []
-    for i in range(depth):
-        layers.append(nn.Linear(width, width))
-        if i < depth - 1:
-            layers.append(nn.ReLU())
-    return nn.Sequential(*layers)
 
 
 def time_steps(step, steps):

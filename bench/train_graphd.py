@@ -32,13 +32,7 @@ import torch
 import torch.nn as nn
 
 import graphd
-
-
-def mlp(width, depth):
-    layers = []
-    for i in range(depth):
-        layers += [nn.Linear(width, width)] + ([nn.ReLU()] if i < depth - 1 else [])
-    return nn.Sequential(*layers)
+from bench_models import mlp  # bench/, the script's own folder
 
 
 def timed(step, steps, sync):
