@@ -7,10 +7,12 @@ One step = forward, MSE loss, backward, SGD step, for MLPs of (batch, width, dep
 modes:
 - device-resident: the model and its tensors on cuda:0 as in-process; the static tensors are the
   daemon's device memory mapped here with CUDA IPC, the optimizer updates them in place on the
-  GPU. Each replay is ordered on the current stream by CUDA IPC events (no host waits); the
-  "sync" column runs the same graphs ordered by host synchronisation instead (current stream
-  synchronised before the REPLAY frame, the daemon answering once its replay is done), as
-  GRAPHD_REPLAY_ORDER=sync does.
+  GPU, and the parameter gradients stay in the daemon's graph mempool (mapped here too). Each
+  replay is ordered on the current stream by CUDA IPC events (no host waits); the "sync" column
+  runs the same graphs ordered by host synchronisation instead (current stream synchronised
+  before the REPLAY frame, the daemon answering once its replay is done), as
+  GRAPHD_REPLAY_ORDER=sync does; the "copy" column is a second capture whose backward graph
+  copies every parameter gradient into the graph's region (GRAPHD_COPY_PARAM_GRADS=1).
 - host-staged: the client's model, optimizer and tensors stay on the CPU in shared host regions;
   the daemon's CUDA graphs copy inputs and parameters to the GPU and outputs and grads back.
 
@@ -21,7 +23,11 @@ events, through ctypes) then stream synchronize, so that it too has finished on 
 same without the synchronize (what a training step waits for: the launch); graphd fast path
 unordered (Graph.replay: the daemon synchronises before it answers); graphd gRPC Replay.
 
-Usage: GRAPHD_ADDRESS=unix:/path python3 bench/train_graphd.py [--steps 100]
+The step times of eager, in-process graphs and the device-resident columns are taken in turns:
+--rounds rounds of --steps steps each per mode, the median round reported, so that a drift of
+the GPU's clocks or of the machine's load falls on every column alike.
+
+Usage: GRAPHD_ADDRESS=unix:/path python3 bench/train_graphd.py [--steps 100] [--rounds 3]
        [--shapes 64,512,8 ...] [--no-host] [--replays 10000]
 """
 import argparse
@@ -46,7 +52,15 @@ def timed(step, steps, sync):
     return (time.perf_counter() - t0) / steps * 1e3
 
 
-def bench(batch, width, depth, steps, host=True):
+def sgd_step(model, opt, x, y):
+    def step():
+        opt.zero_grad(set_to_none=True)
+        nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+    return step
+
+
+def bench(batch, width, depth, steps, rounds=3, host=True):
     torch.manual_seed(0)
     base = mlp(width, depth)
     out = {}
@@ -57,12 +71,7 @@ def bench(batch, width, depth, steps, host=True):
     x = torch.randn(batch, width, device="cuda")
     y = torch.randn(batch, width, device="cuda")
     opt = torch.optim.SGD(m.parameters(), lr=1e-3)
-
-    def step_eager():
-        opt.zero_grad(set_to_none=True)
-        nn.functional.mse_loss(m(x), y).backward()
-        opt.step()
-    out["eager"] = timed(step_eager, steps, sync)
+    modes = {"eager": sgd_step(m, opt, x, y)}
 
     # in-process CUDA graphs
     m2 = copy.deepcopy(base).cuda()
@@ -71,12 +80,7 @@ def bench(batch, width, depth, steps, host=True):
     g2 = torch.cuda.make_graphed_callables(m2, (x.clone().requires_grad_(False),))
     sync()
     out["capture_inproc"] = (time.perf_counter() - t0) * 1e3
-
-    def step_graphed():
-        opt2.zero_grad(set_to_none=True)
-        nn.functional.mse_loss(g2(x), y).backward()
-        opt2.step()
-    out["graphed"] = timed(step_graphed, steps, sync)
+    modes["graphed"] = sgd_step(g2, opt2, x, y)
 
     # graphd, device-resident
     m4 = copy.deepcopy(base).cuda()
@@ -84,15 +88,33 @@ def bench(batch, width, depth, steps, host=True):
     t0 = time.perf_counter()
     g4 = graphd.make_graphed_callables(m4, (x.clone(),))
     out["capture_resident"] = (time.perf_counter() - t0) * 1e3
+    modes["graphd_resident"] = sgd_step(g4, opt4, x, y)
 
-    def step_resident():
-        opt4.zero_grad(set_to_none=True)
-        nn.functional.mse_loss(g4(x), y).backward()
-        opt4.step()
-    out["graphd_resident"] = timed(step_resident, steps, sync)
-    g4._graphd_runner.host_sync = True  # the same graphs, ordered by host synchronisation
-    out["graphd_resident_sync"] = timed(step_resident, steps, sync)
-    del g4, m4, opt4
+    def step_resident_sync():  # the same graphs, ordered by host synchronisation
+        g4._graphd_runner.host_sync = True
+        try:
+            modes["graphd_resident"]()
+        finally:
+            g4._graphd_runner.host_sync = False
+    modes["graphd_resident_sync"] = step_resident_sync
+
+    # graphd, device-resident, gradients copied into the graph's region by its backward graph
+    m5 = copy.deepcopy(base).cuda()
+    opt5 = torch.optim.SGD(m5.parameters(), lr=1e-3)
+    graphd.graphs._COPY_PARAM_GRADS = True
+    try:
+        g5 = graphd.make_graphed_callables(m5, (x.clone(),))
+    finally:
+        graphd.graphs._COPY_PARAM_GRADS = False
+    modes["graphd_resident_copy"] = sgd_step(g5, opt5, x, y)
+
+    times = {name: [] for name in modes}
+    for _ in range(rounds):
+        for name, step in modes.items():
+            times[name].append(timed(step, steps, sync))
+    for name, ts in times.items():
+        out[name] = sorted(ts)[len(ts) // 2]
+    modes.clear()
 
     if not host:
         return out
@@ -104,11 +126,7 @@ def bench(batch, width, depth, steps, host=True):
     g3 = graphd.make_graphed_callables(m3, (xc.clone(),), device="cuda:0")
     out["capture_graphd"] = (time.perf_counter() - t0) * 1e3
 
-    def step_graphd():
-        opt3.zero_grad(set_to_none=True)
-        nn.functional.mse_loss(g3(xc), yc).backward()
-        opt3.step()
-    out["graphd_host"] = timed(step_graphd, steps, lambda: None)
+    out["graphd_host"] = timed(sgd_step(g3, opt3, xc, yc), steps, lambda: None)
     return out
 
 
@@ -182,28 +200,32 @@ def replay_bench(replays):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=100)
+    ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--shapes", nargs="*", default=["64,512,8", "64,1024,16", "256,4096,8"])
     ap.add_argument("--no-host", action="store_true", help="skip the host-staged column")
     ap.add_argument("--replays", type=int, default=10000, help="0: skip the replay round trip")
     args = ap.parse_args()
     print("torch %s, %s" % (torch.__version__, torch.cuda.get_device_name(0)))
-    print("training step (ms, mean over %d steps) and capture (ms)" % args.steps)
-    print("%-14s %9s %9s %10s %7s %10s %7s %10s %7s %9s %9s %7s %9s %7s" % (
-        "(b,w,d)", "eager", "graphed", "gd-resid", "/gr", "gd-r-sync", "/gr", "gd-host", "/gr",
-        "cap-inpr", "cap-res", "ratio", "cap-host", "ratio"))
+    print("training step (ms, median of %d rounds of %d steps) and capture (ms); /gr: over "
+          "in-process graphed, /eag: over eager" % (args.rounds, args.steps))
+    print("%-14s %8s %8s %9s %6s %6s %9s %6s %9s %6s %9s %6s %8s %8s %6s %8s %6s" % (
+        "(b,w,d)", "eager", "graphed", "gd-resid", "/gr", "/eag", "gd-r-sync", "/gr", "gd-r-copy",
+        "/gr", "gd-host", "/gr", "cap-inpr", "cap-res", "ratio", "cap-host", "ratio"))
     for s in args.shapes:
         b, w, d = (int(v) for v in s.split(","))
-        r = bench(b, w, d, args.steps, host=not args.no_host)
+        r = bench(b, w, d, args.steps, args.rounds, host=not args.no_host)
         host = r.get("graphd_host", float("nan"))
         cap_host = r.get("capture_graphd", float("nan"))
-        print("%-14s %9.3f %9.3f %10.3f %6.2fx %10.3f %6.2fx %10.3f %6.2fx %9.1f %9.1f %6.2fx "
-              "%9.1f %6.2fx" % (
-            "(%d,%d,%d)" % (b, w, d), r["eager"], r["graphed"], r["graphd_resident"],
-            r["graphd_resident"] / r["graphed"], r["graphd_resident_sync"],
-            r["graphd_resident_sync"] / r["graphed"], host, host / r["graphed"],
-            r["capture_inproc"], r["capture_resident"],
-            r["capture_resident"] / r["capture_inproc"], cap_host,
-            cap_host / r["capture_inproc"]), flush=True)
+        gr = r["graphed"]
+        print("%-14s %8.3f %8.3f %9.3f %5.3fx %5.3fx %9.3f %5.2fx %9.3f %5.3fx %9.3f %5.2fx "
+              "%8.1f %8.1f %5.2fx %8.1f %5.2fx" % (
+                  "(%d,%d,%d)" % (b, w, d), r["eager"], gr, r["graphd_resident"],
+                  r["graphd_resident"] / gr, r["graphd_resident"] / r["eager"],
+                  r["graphd_resident_sync"], r["graphd_resident_sync"] / gr,
+                  r["graphd_resident_copy"], r["graphd_resident_copy"] / gr, host, host / gr,
+                  r["capture_inproc"], r["capture_resident"],
+                  r["capture_resident"] / r["capture_inproc"], cap_host,
+                  cap_host / r["capture_inproc"]), flush=True)
     if args.replays > 0:
         print("replay round trip, trivial graph (x * 2, float32[4] on cuda:0), µs")
         rows = replay_bench(args.replays)

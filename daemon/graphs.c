@@ -67,10 +67,22 @@ typedef struct gd_rpool {
     struct gd_rpool *next;
 } gd_rpool_t;
 
+/* A segment of a session's graph mempool that holds parameter gradients of its graphs
+ * (gr_graph_external), exported to that session as a borrowed region; the session's graphs
+ * whose gradients lie in it share it. Loop-side. */
+typedef struct gd_borrow {
+    uint64_t session;
+    void *base;
+    uint64_t region_id;
+    uint32_t refs; /* graphs using it */
+    struct gd_borrow *next;
+} gd_borrow_t;
+
 struct gd_gpool {
     char name[PM_NAME_MAX + 1];
     gd_worker_t *worker;
     gd_rpool_t *rpools; /* per session, created by the worker at the session's first capture */
+    gd_borrow_t *borrows;
     uint32_t graphs;
     bool deleted;
     gd_hist_t latency;
@@ -95,7 +107,9 @@ struct gd_graph {
     uint64_t region_bytes;
     char module[GD_NAME_MAX + 1];
     bool training;
-    bool resident; /* static tensors in device memory (a device-resident capture) */
+    bool resident;         /* static tensors in device memory (a device-resident capture) */
+    gd_borrow_t **borrows; /* the mempool segments its external gradients lie in */
+    size_t nborrows;
     atomic_uint_fast64_t replays_forward, replays_backward, replay_errors;
     gd_hist_t latency;
     gd_graph_t *next;
@@ -405,10 +419,73 @@ static void graph_destroy_done(gd_job_t *job)
     free(j);
 }
 
+/* The borrowed region of the mempool segment e lies in, for g's session: g takes a reference
+ * (one per segment, however many of its tensors lie there). 0 and *region_id, or a PM_ error. */
+static int graph_borrow(gd_graph_t *g, pm_pool_t *pool, const gr_external_t *e, uint64_t *region_id)
+{
+    gd_borrow_t *b = g->pool->borrows;
+    while (b && !(b->session == g->session && b->base == e->base))
+        b = b->next;
+    for (size_t k = 0; b && k < g->nborrows; k++)
+        if (g->borrows[k] == b) {
+            *region_id = b->region_id;
+            return PM_OK;
+        }
+    gd_borrow_t **grown = realloc(g->borrows, (g->nborrows + 1) * sizeof *grown);
+    if (grown == NULL)
+        return PM_ENOMEM;
+    g->borrows = grown;
+    if (b == NULL) {
+        b = calloc(1, sizeof *b);
+        if (b == NULL)
+            return PM_ENOMEM;
+        pm_region_t *r = NULL;
+        int rc = pm_region_borrow_device(pool, g->session, e->size, e->base, e->handle, &r);
+        if (rc != PM_OK) {
+            free(b);
+            return rc;
+        }
+        b->session = g->session;
+        b->base = e->base;
+        b->region_id = pm_region_id(r);
+        b->next = g->pool->borrows;
+        g->pool->borrows = b;
+    }
+    b->refs++;
+    g->borrows[g->nborrows++] = b;
+    *region_id = b->region_id;
+    return PM_OK;
+}
+
+/* Drops g's references to borrowed regions; a region no graph uses any more goes (unless the
+ * session's end reclaims it: free_region false). */
+static void graph_unborrow(gd_daemon_t *d, gd_graph_t *g, bool free_region)
+{
+    for (size_t k = 0; k < g->nborrows; k++) {
+        gd_borrow_t *b = g->borrows[k];
+        if (--b->refs > 0)
+            continue;
+        if (free_region)
+            pm_region_free(d->pools, b->region_id, b->session);
+        gd_borrow_t **pp = &g->pool->borrows;
+        while (*pp && *pp != b)
+            pp = &(*pp)->next;
+        if (*pp)
+            *pp = b->next;
+        free(b);
+    }
+    free(g->borrows);
+    g->borrows = NULL;
+    g->nborrows = 0;
+}
+
 /* Unlinks a graph and destroys it on its worker, after whatever it still has queued. The region
  * is the caller's business: freed here when free_region, else reclaimed with the session. */
 static void graph_release(gd_daemon_t *d, gd_graph_t *g, bool free_region)
 {
+    /* The borrowed regions only describe mempool memory: they go at once (the client has closed
+     * its mappings), and the memory with the graph on the worker. */
+    graph_unborrow(d, g, free_region);
     gd_graph_t **pp = &d->graphs;
     while (*pp && *pp != g)
         pp = &(*pp)->next;
@@ -772,6 +849,37 @@ static void capture_fail(capture_op_t *op, int status, const char *msg)
     gd_worker_submit(op->pool->worker, &op->job);
 }
 
+/* Borrowed regions for g's external tensors: region_ids[k] for layout tensor k (0 for those in
+ * g's own region). false, and the call failed, when a region cannot be made. */
+static bool graph_borrow_all(gd_graph_t *g, pm_pool_t *pool, uint64_t *region_ids, size_t count,
+                             gd_call_t *call)
+{
+    size_t n = 0;
+    if (gr_graph_external(g->g, &n, NULL) != GR_OK || n == 0)
+        return true;
+    gr_external_t *ext = calloc(n, sizeof *ext);
+    if (ext == NULL || gr_graph_external(g->g, &n, ext) != GR_OK) {
+        free(ext);
+        gd_call_fail(call, GD_INTERNAL, "out of memory describing graph %llu",
+                     (unsigned long long)g->id);
+        return false;
+    }
+    for (size_t k = 0; k < n; k++) {
+        int rc = ext[k].tensor < count && pool != NULL
+                     ? graph_borrow(g, pool, &ext[k], &region_ids[ext[k].tensor])
+                     : PM_EINVAL;
+        if (rc != PM_OK) {
+            gd_call_fail(call, GD_RESOURCE_EXHAUSTED,
+                         "graph %llu: cannot export the memory of tensor %zu: %s",
+                         (unsigned long long)g->id, ext[k].tensor, pm_strerror(rc));
+            free(ext);
+            return false;
+        }
+    }
+    free(ext);
+    return true;
+}
+
 static void fill_desc(Graphd__V1__TensorDesc *t, const gr_tensor_desc_t *g, uint64_t region)
 {
     graphd__v1__tensor_desc__init(t);
@@ -871,8 +979,10 @@ static void capture_finish_done(gd_job_t *job)
     gr_tensor_desc_t *descs[MAX_CALLABLES] = {0};
     Graphd__V1__TensorDesc *tds[MAX_CALLABLES] = {0};
     Graphd__V1__TensorDesc **tdl[MAX_CALLABLES] = {0};
-    bool oom = false;
-    for (size_t i = 0; i < op->n; i++) {
+    uint64_t *ext_regions[MAX_CALLABLES] = {0};
+    bool oom = false, failed = false;
+    pm_pool_t *pool = pm_pool_find(d->pools, op->pool->name);
+    for (size_t i = 0; i < op->n && !failed; i++) {
         gd_graph_t *g = graphs[i];
         gr_graph_info_t gi;
         gr_graph_info(g->g, &gi);
@@ -881,14 +991,17 @@ static void capture_finish_done(gd_job_t *job)
         descs[i] = calloc(count + 1, sizeof *descs[i]);
         tds[i] = calloc(count + 1, sizeof *tds[i]);
         tdl[i] = calloc(count + 1, sizeof *tdl[i]);
-        if (!descs[i] || !tds[i] || !tdl[i]) {
+        ext_regions[i] = calloc(count + 1, sizeof *ext_regions[i]);
+        if (!descs[i] || !tds[i] || !tdl[i] || !ext_regions[i]) {
             oom = true;
             count = 0;
         } else {
             gr_graph_layout(g->g, &count, descs[i], NULL);
+            failed = !graph_borrow_all(g, pool, ext_regions[i], count, op->call);
         }
         for (size_t k = 0; k < count; k++) {
-            fill_desc(&tds[i][k], &descs[i][k], g->region_id);
+            fill_desc(&tds[i][k], &descs[i][k],
+                      ext_regions[i][k] ? ext_regions[i][k] : g->region_id);
             tdl[i][k] = &tds[i][k];
         }
         graphd__v1__graph_info__init(&infos[i]);
@@ -907,8 +1020,11 @@ static void capture_finish_done(gd_job_t *job)
         infos[i].has_backward = gi.has_backward != 0;
         info_list[i] = &infos[i];
     }
-    if (oom) {
-        gd_call_fail(op->call, GD_INTERNAL, "out of memory describing the graphs");
+    if (failed || oom) {
+        if (!failed)
+            gd_call_fail(op->call, GD_INTERNAL, "out of memory describing the graphs");
+        for (size_t i = 0; i < op->n; i++) /* the client has none of them: they all go */
+            graph_release(d, graphs[i], true);
     } else {
         rep.graphs = info_list;
         rep.n_graphs = op->n;
@@ -919,6 +1035,7 @@ static void capture_finish_done(gd_job_t *job)
         free(descs[i]);
         free(tds[i]);
         free(tdl[i]);
+        free(ext_regions[i]);
     }
     capture_op_free(d, op);
 }
@@ -1174,6 +1291,7 @@ void gd_rpc_capture(void *ctx, gd_call_t *call, const ProtobufCMessage *msg)
     op->opts.num_warmup_iters = warmup;
     op->opts.allow_unused_input = req->allow_unused_input;
     op->opts.resident = req->device_resident ? 1 : 0;
+    op->opts.copy_param_grads = req->copy_param_grads ? 1 : 0;
     op->d = d;
     op->call = call;
     op->session = s->id;

@@ -255,11 +255,13 @@ void add_static(Callable &c, int role, size_t index, const std::string &name, c1
         d.strides[k] = numel;
         numel *= shape[k];
     }
-    c.total_bytes = (c.total_bytes + GR_ALIGN - 1) / GR_ALIGN * GR_ALIGN;
-    d.offset = c.total_bytes;
     d.nbytes = static_cast<uint64_t>(numel) * gr_dtype_size(d.dtype);
     d.flags = flags;
-    c.total_bytes += d.nbytes;
+    if ((flags & GR_TENSOR_EXTERNAL) == 0) {
+        c.total_bytes = (c.total_bytes + GR_ALIGN - 1) / GR_ALIGN * GR_ALIGN;
+        d.offset = c.total_bytes;
+        c.total_bytes += d.nbytes;
+    }
     c.layout.push_back(d);
 }
 
@@ -290,10 +292,12 @@ void build_layout(Callable &c)
     for (size_t i = 0; i < c.params.size(); i++)
         add_static(c, GR_ROLE_PARAM, i, c.param_names[i], c.params[i].scalar_type(),
                    c.params[i].sizes(), c.params[i].requires_grad() ? GR_TENSOR_REQUIRES_GRAD : 0);
+    const uint32_t external = c.external_param_grads ? GR_TENSOR_EXTERNAL : 0;
     for (size_t i = 0; i < c.params.size(); i++)
         if (c.params[i].requires_grad()) {
             add_static(c, GR_ROLE_PARAM_GRAD, i, c.param_names[i], c.params[i].scalar_type(),
-                       c.params[i].sizes(), c.grad_absent[target] ? GR_TENSOR_ABSENT : 0);
+                       c.params[i].sizes(),
+                       (c.grad_absent[target] ? GR_TENSOR_ABSENT : 0) | external);
             target++;
         }
     for (size_t i = 0; i < c.n_static_buffers; i++)
@@ -411,7 +415,17 @@ void bind(Callable &c, const Family &family, void *base)
     c.grad_out_views.clear();
     c.host_views.clear();
     c.dev_views.clear();
-    for (const gr_tensor_desc_t &d : c.layout) {
+    c.external_slots.clear();
+    c.block = bytes;
+    for (size_t k = 0; k < c.layout.size(); k++) {
+        const gr_tensor_desc_t &d = c.layout[k];
+        if (d.flags & GR_TENSOR_EXTERNAL) { /* memory from the backward capture */
+            c.external_slots.emplace_back(k, grad_param.size());
+            c.host_views.emplace_back();
+            c.dev_views.emplace_back();
+            grad_param.emplace_back();
+            continue;
+        }
         auto opts = at::TensorOptions().dtype(to_scalar(d.dtype));
         at::Tensor host =
             torch::from_blob(bytes + d.offset, c10::IntArrayRef(d.shape, d.ndim),
@@ -456,6 +470,8 @@ void bind(Callable &c, const Family &family, void *base)
     for (const at::Tensor &p : c.params)
         if (p.requires_grad())
             c.grad_targets.push_back(p);
+    for (auto &slot : c.external_slots)
+        slot.second += grad_in.size(); /* an index into grad_views */
     c.grad_views = grad_in;
     c.grad_views.insert(c.grad_views.end(), grad_param.begin(), grad_param.end());
     if (c.grad_views.size() != c.grad_targets.size())
@@ -522,6 +538,42 @@ void run_forward(Callable &c)
     c.live = std::move(live);
 }
 
+namespace
+{
+
+bool overlaps(const void *a, uint64_t alen, const void *b, uint64_t blen)
+{
+    auto pa = reinterpret_cast<uintptr_t>(a), pb = reinterpret_cast<uintptr_t>(b);
+    return pa < pb + blen && pb < pa + alen;
+}
+
+/* The memory of external PARAM_GRAD k (grad_views[i]), at its backward capture: grads[i] itself
+ * where the client may alias it (a dense tensor of the static tensor's dtype and shape on the
+ * callable's device, outside the static block and apart from the other adopted gradients), else a
+ * tensor of its own that the replays fill. Allocations here come from the graph mempool. */
+at::Tensor adopt_gradient(const Callable &c, size_t k, const std::vector<at::Tensor> &grads,
+                          size_t i)
+{
+    const gr_tensor_desc_t &d = c.layout[k];
+    const c10::IntArrayRef shape(d.shape, d.ndim);
+    const at::Tensor g = i < grads.size() ? grads[i] : at::Tensor();
+    if (g.defined() && g.device() == c.device && g.scalar_type() == to_scalar(d.dtype) &&
+        g.sizes() == shape && g.is_contiguous() && g.nbytes() == d.nbytes && d.nbytes > 0) {
+        bool apart = !overlaps(g.data_ptr(), d.nbytes, c.block, c.total_bytes);
+        for (const auto &slot : c.external_slots) {
+            const at::Tensor &other = c.grad_views[slot.second];
+            if (apart && other.defined() && other.nbytes() > 0)
+                apart = !overlaps(g.data_ptr(), d.nbytes, other.data_ptr(), other.nbytes());
+        }
+        if (apart)
+            return g;
+    }
+    /* Zeroed now; run_backward's loop copies the gradient in (or zeroes it) inside the graph. */
+    return at::zeros(shape, at::TensorOptions().dtype(to_scalar(d.dtype)).device(c.device));
+}
+
+} // namespace
+
 void run_backward(Callable &c)
 {
     std::vector<at::Tensor> live = std::move(c.live);
@@ -529,7 +581,12 @@ void run_backward(Callable &c)
     auto grads =
         torch::autograd::grad(live, c.grad_targets, c.grad_out_views, false, false, c.allow_unused);
     c10::NoGradGuard no_grad;
+    for (const auto &slot : c.external_slots)
+        if (!c.grad_views[slot.second].defined())
+            c.grad_views[slot.second] = adopt_gradient(c, slot.first, grads, slot.second);
     for (size_t i = 0; i < c.grad_views.size(); i++) {
+        if (c.grad_views[i].is_same(i < grads.size() ? grads[i] : at::Tensor()))
+            continue; /* adopted: autograd wrote it in place */
         if (i < grads.size() && grads[i].defined())
             c.grad_views[i].copy_(grads[i]);
         else
@@ -633,6 +690,8 @@ extern "C" int gr_capture_prepare(const char *device, size_t n, const gr_callabl
                     return gr::prepare_callable(specs[i], pool, o.allow_unused_input != 0);
                 }));
             cap->callables.back()->resident = o.resident != 0;
+            cap->callables.back()->external_param_grads =
+                o.resident != 0 && o.copy_param_grads == 0;
         }
         pool.family->warmup(pool.index, [&] {
             for (size_t i = 0; i < n; i++)
@@ -881,6 +940,27 @@ extern "C" int gr_graph_layout(const gr_graph_t *g, size_t *count, gr_tensor_des
         return gr::fail_with(e, GR_EINTERNAL);
     } catch (...) {
         return gr::fail_unknown("gr_graph_layout");
+    }
+}
+
+extern "C" int gr_graph_external(const gr_graph_t *g, size_t *count, gr_external_t *items)
+{
+    try {
+        if (g == nullptr || count == nullptr)
+            return gr__set_error(GR_EINVAL, "gr_graph_external: NULL argument");
+        const std::vector<gr_external_t> &all = g->callable->external;
+        if (items != nullptr) {
+            size_t n = std::min(*count, all.size());
+            std::copy(all.begin(), all.begin() + static_cast<ptrdiff_t>(n), items);
+            *count = n;
+        } else {
+            *count = all.size();
+        }
+        return GR_OK;
+    } catch (const std::exception &e) {
+        return gr::fail_with(e, GR_EINTERNAL);
+    } catch (...) {
+        return gr::fail_unknown("gr_graph_external");
     }
 }
 

@@ -98,6 +98,9 @@ struct Callable {
     bool is_training = false;
     bool allow_unused = false;
     bool resident = false; /* the static block is device memory (gr_capture_opts_t.resident) */
+    /* PARAM_GRAD tensors stay in the graph mempool (gr_capture_opts_t.copy_param_grads 0) */
+    bool external_param_grads = false;
+    uint8_t *block = nullptr; /* the static block, after finish */
 
     std::vector<at::Tensor> args; /* sample args; after finish, the INPUT tensors */
     std::vector<std::string> param_names;
@@ -128,6 +131,12 @@ struct Callable {
     std::vector<at::Tensor> grad_out_views; /* per output that requires grad */
     std::vector<at::Tensor> grad_views;     /* GRAD_INPUT then PARAM_GRAD, as grad_targets */
 
+    /* External PARAM_GRADs: their layout index and grad_views index. Until the backward
+     * capture gives them memory, their host_views, dev_views and grad_views are undefined;
+     * afterwards external[] says where each one is (the family fills it). */
+    std::vector<std::pair<size_t, size_t>> external_slots;
+    std::vector<gr_external_t> external;
+
     std::vector<at::Tensor> live; /* outputs of the last forward that require grad */
     std::unique_ptr<FamilyState> family_state;
 };
@@ -137,6 +146,10 @@ struct Callable {
  * autograd.grad of the kept outputs with the GRAD_OUTPUT tensors, into GRAD_INPUT and PARAM_GRAD
  * (zeros where autograd gives none); the kept outputs are dropped. */
 void run_forward(Callable &c);
+/* At the backward capture of external PARAM_GRADs, run_backward gives each its memory: the
+ * gradient autograd computed, where that is a dense tensor of its own in the graph mempool (not
+ * in the static block, not overlapping another), else a copy of it (zeros where autograd gives
+ * none) made inside the capture. */
 void run_backward(Callable &c);
 
 /* How a replay is ordered against another process's stream (gr_graph_replay_ordered): the

@@ -232,6 +232,56 @@ std::unique_ptr<at::cuda::CUDAGraph> capture_graph(const CudaPool &pool, F &&bod
     return graph;
 }
 
+/* After the backward capture: where each external PARAM_GRAD is (the caching-allocator segment
+ * of the pool's mempool that holds it) and that segment's IPC handle, into c.external and the
+ * descs' offsets. A segment that cudaIpcGetMemHandle refuses (expandable segments) fails the
+ * capture with a hint. */
+void export_external(Callable &c, const CudaPool &pool)
+{
+    c.external.clear();
+    if (c.external_slots.empty())
+        return;
+    const auto snap = c10::cuda::CUDACachingAllocator::snapshot(pool.id, false);
+    for (const auto &slot : c.external_slots) {
+        gr_tensor_desc_t &d = c.layout[slot.first];
+        const at::Tensor &t = c.grad_views[slot.second];
+        if (!t.defined())
+            throw Error(GR_EINTERNAL, std::string("parameter gradient '") + d.name +
+                                          "' got no memory at the backward capture");
+        const auto ptr = reinterpret_cast<uintptr_t>(t.data_ptr());
+        gr_external_t e{};
+        e.tensor = slot.first;
+        for (const auto &seg : snap.segments) {
+            if (seg.owner_private_pool_id != pool.id || seg.device != pool.index)
+                continue;
+            const auto base = static_cast<uintptr_t>(seg.address);
+            if (ptr >= base && ptr + d.nbytes <= base + seg.total_size) {
+                e.base = reinterpret_cast<void *>(base);
+                e.size = seg.total_size;
+                e.offset = ptr - base;
+                break;
+            }
+        }
+        if (e.base == nullptr)
+            throw Error(GR_EINTERNAL, std::string("parameter gradient '") + d.name +
+                                          "' is not in the pool's graph mempool");
+        cudaIpcMemHandle_t h;
+        cudaError_t err = cudaIpcGetMemHandle(&h, e.base);
+        if (err != cudaSuccess) {
+            (void)cudaGetLastError();
+            throw Error(GR_EUNSUPPORTED,
+                        std::string("cudaIpcGetMemHandle of the graph mempool segment holding '") +
+                            d.name + "': " + cudaGetErrorString(err) +
+                            " (expandable segments cannot be shared; capture with "
+                            "copy_param_grads)");
+        }
+        static_assert(sizeof h == GR_IPC_HANDLE_SIZE, "CUDA IPC handle size");
+        std::memcpy(e.handle, &h, sizeof h);
+        d.offset = e.offset;
+        c.external.push_back(e);
+    }
+}
+
 const CudaPool &pool_of(PoolState *p)
 {
     auto *pool = dynamic_cast<CudaPool *>(p);
@@ -317,6 +367,7 @@ class CudaFamily final : public Family
             run_backward(c);
             stage(c, st, false, {GR_ROLE_GRAD_INPUT, GR_ROLE_PARAM_GRAD});
         });
+        export_external(c, p);
     }
     void replay_forward(Callable &c, const Order *order) const override
     {

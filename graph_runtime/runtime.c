@@ -133,6 +133,7 @@ void gr_capture_opts_init(gr_capture_opts_t *o)
     o->allow_unused_input = 0;
     o->pool = NULL;
     o->resident = 0;
+    o->copy_param_grads = 1;
 }
 
 int gr_cuda_mps_pipe(char *dir, size_t len)

@@ -235,10 +235,18 @@ typedef struct gr_capture_opts {
      * and no host<->device transfer (device-resident). GR_EINVAL on a device without memory of
      * its own (cpu). 0: the blocks are host memory (a CUDA family stages through them). */
     int resident;
+    /* Device-resident captures only (ignored otherwise). 1: every PARAM_GRAD is in the static
+     * block, and BACKWARD copies each parameter gradient there from where autograd computed it.
+     * 0: each PARAM_GRAD stays where the backward graph computes it, in the pool's graph mempool,
+     * and BACKWARD copies nothing: its desc has GR_TENSOR_EXTERNAL, takes no room in the block,
+     * and gr_graph_external says where it is. Any graph replayed in the pool may overwrite that
+     * memory afterwards (upstream's graphs of one pool do the same to their static gradients):
+     * read it before the next replay. */
+    int copy_param_grads;
 } gr_capture_opts_t;
 
 /* Fills o with the defaults (3 warm-up iterations, unused inputs an error, a private pool, host
- * blocks). */
+ * blocks, parameter gradients copied into the block). */
 void gr_capture_opts_init(gr_capture_opts_t *o);
 
 /* Flags of a gr_tensor_desc_t. */
@@ -246,6 +254,10 @@ void gr_capture_opts_init(gr_capture_opts_t *o);
 /* GRAD_INPUT, PARAM_GRAD: autograd gave no gradient (upstream returns None: an unused input
  * under allow_unused_input). The tensor exists and BACKWARD fills it with zeros. */
 #define GR_TENSOR_ABSENT 0x2u
+/* PARAM_GRAD of a capture with copy_param_grads 0: not in the static block. Before
+ * gr_capture_finish its offset is 0; afterwards it is the offset in the device allocation that
+ * gr_graph_external gives for it. */
+#define GR_TENSOR_EXTERNAL 0x4u
 
 /* One static tensor of a callable: a contiguous tensor at base + offset of its static block.
  *  - index: position in the callable's list for the role: INPUT, GRAD_INPUT: the sample arg;
@@ -327,6 +339,23 @@ int gr_device_alloc(const char *device, uint64_t bytes, void **ptr /* [out] */,
 /* cudaFree of a gr_device_alloc block (which waits for the device's work in flight). Graphs
  * captured over it must not be replayed afterwards. GR_EUNSUPPORTED without the CUDA family. */
 int gr_device_free(const char *device, void *ptr);
+
+/* Where a GR_TENSOR_EXTERNAL static tensor of a graph lives: in a device allocation of the
+ * pool's graph mempool (a segment of libtorch's caching allocator, cudaMalloc'd), which another
+ * process maps whole with cudaIpcOpenMemHandle(handle) and finds the tensor at offset. Several
+ * tensors, of one graph or of several graphs of one pool, may share an allocation (the same base
+ * and handle). The allocation stays while the graph does. */
+typedef struct gr_external {
+    size_t tensor; /* index in gr_graph_layout's order */
+    void *base;    /* the allocation's device pointer */
+    uint64_t size; /* its bytes */
+    uint64_t offset;
+    uint8_t handle[GR_IPC_HANDLE_SIZE]; /* cudaIpcGetMemHandle(base) */
+} gr_external_t;
+
+/* Two-call pattern, as gr_graph_layout: the graph's GR_TENSOR_EXTERNAL tensors in layout order
+ * (none for a graph that has none). GR_EINVAL for NULL g or count. */
+int gr_graph_external(const gr_graph_t *g, size_t *count, gr_external_t *items /* [optional] */);
 
 /* ---- replay ----------------------------------------------------------------------------- */
 

@@ -8,7 +8,8 @@
  * the owner's regions in the pool: session counts, owner usage and reclaim
  * then walk only what they need. A region owns its memfd and the daemon's
  * mapping of it; a device region owns its device pointer until it goes to the
- * manager's device-free hook.
+ * manager's device-free hook; a borrowed device region owns nothing and counts
+ * in no figure.
  *
  * Nothing here logs. A function that fails on a system call returns PM_ESYS
  * with errno still set by that call; its caller logs.
@@ -40,7 +41,8 @@ struct pm_region {
     int fd;     /* -1 for a device region */
     void *addr; /* the daemon's mapping; for a device region, the device pointer */
     bool device;
-    uint32_t tag; /* the caller's (pm_region_set_tag) */
+    bool borrowed; /* a device window the region does not own (pm_region_borrow_device) */
+    uint32_t tag;  /* the caller's (pm_region_set_tag) */
     uint8_t handle[PM_IPC_HANDLE_SIZE];
     pm_pool_t *pool;
     pm_owner_ref_t *ref;
@@ -50,8 +52,9 @@ struct pm_region {
 /* One owner with at least one live region in a pool; freed with its last region. */
 struct pm_owner_ref {
     uint64_t owner;
-    uint32_t regions;
-    uint64_t bytes; /* page-rounded */
+    uint32_t regions;  /* on the list below, borrowed ones included */
+    uint32_t borrowed; /* of those, borrowed (counted nowhere else) */
+    uint64_t bytes;    /* page-rounded */
     pm_region_t *head;
     pm_owner_ref_t *next;
 };
@@ -292,7 +295,7 @@ int pm_pool_delete(pm_manager_t *m, const char *name)
     }
     if (p == NULL)
         return PM_ENOENT;
-    if (p->regions > 0)
+    if (p->regions > 0 || p->owners != NULL)
         return PM_EBUSY;
     if (prev != NULL)
         prev->next = p->next;
@@ -410,19 +413,20 @@ int pm_pool_check_size(const pm_pool_t *p, uint64_t size)
     return PM_OK;
 }
 
-/* The common part of host and device allocation; dev_ptr NULL: a host region (memfd). */
+/* The common part of host and device allocation; dev_ptr NULL: a host region (memfd). A
+ * borrowed region skips the size checks and counts no bytes. */
 static int region_alloc(pm_pool_t *p, uint64_t owner, uint64_t size, void *dev_ptr,
-                        const uint8_t *handle, pm_region_t **out)
+                        const uint8_t *handle, bool borrowed, pm_region_t **out)
 {
     if (out != NULL)
         *out = NULL;
     if (p == NULL || out == NULL || owner == 0)
         return PM_EINVAL;
-    int rc = pm_pool_check_size(p, size);
+    int rc = borrowed ? (size == 0 ? PM_EINVAL : PM_OK) : pm_pool_check_size(p, size);
     if (rc != PM_OK)
         return rc;
     pm_manager_t *m = p->m;
-    uint64_t mapped = (size + m->page - 1) & ~(m->page - 1);
+    uint64_t mapped = borrowed ? size : (size + m->page - 1) & ~(m->page - 1);
 
     /* Everything that can fail without a system call comes first, so that rollback is short. */
     int err = hash_reserve(m);
@@ -445,6 +449,7 @@ static int region_alloc(pm_pool_t *p, uint64_t owner, uint64_t size, void *dev_p
     r->owner = owner;
     r->size = size;
     r->mapped = mapped;
+    r->borrowed = borrowed;
     if (dev_ptr != NULL) {
         r->device = true;
         r->fd = -1;
@@ -478,17 +483,21 @@ static int region_alloc(pm_pool_t *p, uint64_t owner, uint64_t size, void *dev_p
         ref->head->prev = r;
     ref->head = r;
     ref->regions++;
-    ref->bytes += mapped;
-    p->regions++;
-    p->reserved += mapped;
-    p->used += size;
+    if (borrowed) {
+        ref->borrowed++;
+    } else {
+        p->regions++;
+        ref->bytes += mapped;
+        p->reserved += mapped;
+        p->used += size;
+    }
     *out = r;
     return PM_OK;
 }
 
 int pm_region_alloc(pm_pool_t *p, uint64_t owner, uint64_t size, pm_region_t **out)
 {
-    return region_alloc(p, owner, size, NULL, NULL, out);
+    return region_alloc(p, owner, size, NULL, NULL, false, out);
 }
 
 int pm_region_alloc_device(pm_pool_t *p, uint64_t owner, uint64_t size, void *dev_ptr,
@@ -498,7 +507,17 @@ int pm_region_alloc_device(pm_pool_t *p, uint64_t owner, uint64_t size, void *de
         *out = NULL;
     if (p == NULL || dev_ptr == NULL || handle == NULL || p->m->device_free == NULL)
         return PM_EINVAL;
-    return region_alloc(p, owner, size, dev_ptr, handle, out);
+    return region_alloc(p, owner, size, dev_ptr, handle, false, out);
+}
+
+int pm_region_borrow_device(pm_pool_t *p, uint64_t owner, uint64_t size, void *dev_ptr,
+                            const uint8_t handle[PM_IPC_HANDLE_SIZE], pm_region_t **out)
+{
+    if (out != NULL)
+        *out = NULL;
+    if (p == NULL || dev_ptr == NULL || handle == NULL)
+        return PM_EINVAL;
+    return region_alloc(p, owner, size, dev_ptr, handle, true, out);
 }
 
 /* Unmaps, closes and forgets r (a device region goes to the device-free hook); slot is its index
@@ -515,13 +534,19 @@ static void region_destroy(pm_manager_t *m, pm_region_t *r, size_t slot)
     if (r->next != NULL)
         r->next->prev = r->prev;
     ref->regions--;
-    ref->bytes -= r->mapped;
+    if (r->borrowed) {
+        ref->borrowed--;
+    } else {
+        p->regions--;
+        ref->bytes -= r->mapped;
+        p->reserved -= r->mapped;
+        p->used -= r->size;
+    }
     if (ref->regions == 0)
         owner_ref_unlink(p, ref);
-    p->regions--;
-    p->reserved -= r->mapped;
-    p->used -= r->size;
-    if (r->device) {
+    if (r->borrowed) {
+        /* not ours: nothing to free */
+    } else if (r->device) {
         m->device_free(m->device_free_ctx, p->device, r->addr, r->size);
     } else {
         /* Neither can fail for a mapping and memfd we created; a client's own mapping survives. */
@@ -561,7 +586,7 @@ void pm_reclaim_owner(pm_manager_t *m, uint64_t owner, pm_usage_t *freed)
             continue;
         /* The last region_destroy frees ref: count first, never touch ref afterwards. */
         uint32_t n = ref->regions;
-        total.regions += n;
+        total.regions += n - ref->borrowed;
         total.bytes += ref->bytes;
         pm_region_t *r = ref->head;
         for (uint32_t i = 0; i < n; i++) {
@@ -580,7 +605,7 @@ void pm_owner_usage(pm_manager_t *m, uint64_t owner, pm_usage_t *out)
     for (pm_pool_t *p = m->pools; p != NULL; p = p->next) {
         pm_owner_ref_t *ref = owner_ref_find(p, owner);
         if (ref != NULL) {
-            total.regions += ref->regions;
+            total.regions += ref->regions - ref->borrowed;
             total.bytes += ref->bytes;
         }
     }
@@ -625,6 +650,11 @@ pm_pool_t *pm_region_pool(const pm_region_t *r)
 int pm_region_is_device(const pm_region_t *r)
 {
     return r->device ? 1 : 0;
+}
+
+int pm_region_is_borrowed(const pm_region_t *r)
+{
+    return r->borrowed ? 1 : 0;
 }
 
 const uint8_t *pm_region_ipc_handle(const pm_region_t *r)

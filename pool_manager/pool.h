@@ -96,6 +96,13 @@ int pm_region_alloc(pm_pool_t *p, uint64_t owner, uint64_t size, pm_region_t **o
  * or with no device-free hook set; PM_ELIMIT; PM_ENOMEM. */
 int pm_region_alloc_device(pm_pool_t *p, uint64_t owner, uint64_t size, void *dev_ptr,
                            const uint8_t handle[PM_IPC_HANDLE_SIZE], pm_region_t **out);
+/* Registers size bytes of device memory at dev_ptr, exported as handle, that the region does
+ * not own (a graph mempool's segment, which its graph keeps): a region of owner in p that
+ * pm_region_find finds and pm_region_free and pm_reclaim_owner free like any other, but counted
+ * in none of the pool's or owner's figures (regions, bytes, limit) and never passed to the
+ * device-free hook. PM_EINVAL for a NULL pool, dev_ptr or handle, owner 0 or size 0; PM_ENOMEM. */
+int pm_region_borrow_device(pm_pool_t *p, uint64_t owner, uint64_t size, void *dev_ptr,
+                            const uint8_t handle[PM_IPC_HANDLE_SIZE], pm_region_t **out);
 /* PM_ENOENT for an unknown id, PM_EPERM when owner does not own it. */
 int pm_region_free(pm_manager_t *m, uint64_t region_id, uint64_t owner);
 pm_region_t *pm_region_find(pm_manager_t *m, uint64_t region_id);
@@ -109,7 +116,8 @@ uint64_t pm_region_size(const pm_region_t *r);        /* bytes asked for */
 uint64_t pm_region_mapped_size(const pm_region_t *r); /* page-rounded */
 int pm_region_fd(const pm_region_t *r);               /* owned by the region; -1: device */
 void *pm_region_addr(const pm_region_t *r);           /* own mapping; device: the pointer */
-int pm_region_is_device(const pm_region_t *r);        /* 1 for pm_region_alloc_device's */
+int pm_region_is_device(const pm_region_t *r);        /* 1 for pm_region_alloc/borrow_device's */
+int pm_region_is_borrowed(const pm_region_t *r);      /* 1 for pm_region_borrow_device's */
 /* The IPC handle of a device region (PM_IPC_HANDLE_SIZE bytes); NULL for a host region. */
 const uint8_t *pm_region_ipc_handle(const pm_region_t *r);
 pm_pool_t *pm_region_pool(const pm_region_t *r);

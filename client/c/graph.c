@@ -128,11 +128,55 @@ static void unlink_graph(graphd_graph_t *g)
         g->next->prev = g->prev;
 }
 
+/* Unmaps what g holds and frees it (g is on no list). */
+static void graph_unmap(graphd_graph_t *g)
+{
+    graphd_region_release(g->region);
+    for (size_t k = 0; k < g->n_extra; k++)
+        if (--g->extra[k]->shared_refs == 0)
+            graphd_region_release(g->extra[k]);
+    free(g->extra);
+    free(g);
+}
+
 void graphd__graph_forget(graphd_graph_t *g)
 {
     unlink_graph(g);
-    graphd_region_release(g->region);
-    free(g);
+    graph_unmap(g);
+}
+
+/* The mapping of a region other than the graph's own that one of its tensors lies in: the
+ * client's existing one (a segment other graphs use too) or a new one; g holds it once. */
+static int graph_extra_region(graphd_client_t *c, graphd_graph_t *g, uint64_t region_id,
+                              const char *device, graphd_region_t **out)
+{
+    for (size_t k = 0; k < g->n_extra; k++)
+        if (g->extra[k]->id == region_id) {
+            *out = g->extra[k];
+            return GRAPHD_OK;
+        }
+    graphd_region_t **grown = realloc(g->extra, (g->n_extra + 1) * sizeof *grown);
+    if (grown == NULL)
+        return graphd__fail(c, GRAPHD_ENOMEM, "out of memory");
+    g->extra = grown;
+    graphd_region_t *r = c->regions;
+    while (r != NULL && !(r->id == region_id && r->shared_refs > 0))
+        r = r->next;
+    if (r == NULL) {
+        int rc = graphd__region_map(c, region_id, device, &r);
+        if (rc != GRAPHD_OK)
+            return rc;
+        if (r->device < 0) {
+            graphd_region_release(r);
+            return graphd__fail(c, GRAPHD_EPROTO,
+                                "graph %llu: tensor region %llu is not device memory",
+                                (unsigned long long)g->id, (unsigned long long)region_id);
+        }
+    }
+    r->shared_refs++;
+    g->extra[g->n_extra++] = r;
+    *out = r;
+    return GRAPHD_OK;
 }
 
 /* ReleaseGraph by id only: nothing is unmapped here. */
@@ -205,6 +249,7 @@ void graphd_capture_opts_init(graphd_capture_opts_t *o)
     o->allow_unused_input = 0;
     o->pool = NULL;
     o->device_resident = 0;
+    o->copy_param_grads = 0;
 }
 
 /* The request's variable parts, in one allocation each. */
@@ -280,19 +325,26 @@ static int graph_from_info(graphd_client_t *c, const Graphd__V1__GraphInfo *info
         free(g);
         return rc;
     }
-    uint64_t size = graphd_region_mapped_size(g->region);
-    uint8_t *base = graphd_region_ptr(g->region);
+    g->id = info->graph_id;
     for (size_t k = 0; k < info->n_tensors; k++) {
         const Graphd__V1__TensorDesc *d = info->tensors[k];
         graphd_tensor_t *t = &g->tensors[k];
-        if (d->region_id != info->region_id || d->offset > size || d->nbytes > size - d->offset ||
-            d->n_shape > GRAPHD_MAX_DIMS || d->n_strides != d->n_shape) {
+        graphd_region_t *r = g->region;
+        if (d->region_id != info->region_id) {
+            rc = graph_extra_region(c, g, d->region_id, info->device, &r);
+            if (rc != GRAPHD_OK) {
+                graph_unmap(g);
+                return rc;
+            }
+        }
+        uint64_t size = graphd_region_mapped_size(r);
+        if (d->offset > size || d->nbytes > size - d->offset || d->n_shape > GRAPHD_MAX_DIMS ||
+            d->n_strides != d->n_shape) {
             rc = graphd__fail(c, GRAPHD_EPROTO,
                               "graph %llu: tensor %zu does not fit its region %llu of %llu bytes",
                               (unsigned long long)info->graph_id, k,
-                              (unsigned long long)info->region_id, (unsigned long long)size);
-            graphd_region_release(g->region);
-            free(g);
+                              (unsigned long long)d->region_id, (unsigned long long)size);
+            graph_unmap(g);
             return rc;
         }
         t->role = (int)d->role;
@@ -306,11 +358,10 @@ static int graph_from_info(graphd_client_t *c, const Graphd__V1__GraphInfo *info
         }
         t->nbytes = d->nbytes;
         t->requires_grad = d->requires_grad != 0;
-        t->data = base + d->offset;
+        t->data = (uint8_t *)graphd_region_ptr(r) + d->offset;
         t->absent = d->absent != 0;
-        t->on_device = graphd_region_is_device(g->region);
+        t->on_device = graphd_region_is_device(r);
     }
-    g->id = info->graph_id;
     g->training = info->training != 0;
     g->has_backward = info->has_backward != 0;
     g->n_tensors = info->n_tensors;
@@ -354,6 +405,7 @@ int graphd_capture(graphd_client_t *c, size_t n, const graphd_callable_t *callab
     req.allow_unused_input = opts->allow_unused_input != 0;
     req.pool = (char *)(opts->pool != NULL ? opts->pool : "");
     req.device_resident = opts->device_resident != 0;
+    req.copy_param_grads = opts->copy_param_grads != 0;
     Graphd__V1__CaptureReply *rep;
     rc = graphd__call(c, GRAPHD__METHOD("Capture"), &req.base,
                       &graphd__v1__capture_reply__descriptor, (ProtobufCMessage **)&rep);

@@ -307,9 +307,16 @@ typedef struct graphd_capture_opts {
      * work that writes inputs or reads outputs (cudaStreamSynchronize) before graphd_replay,
      * which returns once the replay has finished on the device. 0: host regions. */
     int device_resident;
+    /* Device-resident only. 0: each PARAM_GRAD tensor stays where the daemon's backward graph
+     * computes it, in its graph mempool, which this process maps (one mapping per mempool
+     * segment, shared by the graphs whose gradients lie there) and BACKWARD copies nothing. A
+     * later replay of any of this session's graphs in the pool may overwrite it: read or copy
+     * the gradients before the next replay, as with upstream's static gradients. 1: BACKWARD
+     * copies each gradient into the graph's own region, where only the next BACKWARD writes. */
+    int copy_param_grads;
 } graphd_capture_opts_t;
 /* Fills o with the defaults: num_warmup_iters -1, allow_unused_input 0, pool NULL,
- * device_resident 0. */
+ * device_resident 0, copy_param_grads 0. */
 void graphd_capture_opts_init(graphd_capture_opts_t *o /* [out] */);
 
 /* A captured callable; owns the mapping of its static region. */

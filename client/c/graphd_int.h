@@ -30,6 +30,9 @@ struct graphd_region {
     uint64_t size;
     uint64_t mapped_size;
     int device; /* -1: host (ptr is an mmap); else the CUDA device ptr is an IPC mapping on */
+    /* Graphs holding this mapping: a daemon's graph mempool segment is mapped once per process
+     * (CUDA IPC opens a handle once) and shared by the graphs whose tensors lie in it. */
+    unsigned shared_refs;
 };
 
 struct graphd_graph {
@@ -37,6 +40,10 @@ struct graphd_graph {
     graphd_graph_t *prev, *next; /* the client's list of open handles */
     uint64_t id;
     graphd_region_t *region; /* the static region, mapped here (also on the client's list) */
+    /* Other regions its tensors lie in (parameter gradients left in the daemon's graph mempool),
+     * each shared with the client's other graphs that use it (shared_refs). */
+    graphd_region_t **extra;
+    size_t n_extra;
     int training;
     int has_backward;
     size_t n_tensors;

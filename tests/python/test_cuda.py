@@ -5,6 +5,7 @@ and its tensors are on cuda:0 and the static tensors are the daemon's device mem
 with CUDA IPC. Skipped unless the daemon lists cuda:0 (CI has no GPU; these run on the GPU machine,
 see docs/BENCHMARKS.md)."""
 import copy
+import ctypes
 
 import pytest
 import torch
@@ -125,6 +126,57 @@ def test_device_resident_parity_with_eager(opt_name):
     assert pool["device"] == "cuda:0" and int(pool["graphs"]) == 1
     assert int(pool["regions"]) == 1 and int(pool["used_bytes"]) >= sum(
         p.numel() * 4 for p in graphed.parameters())
+
+
+def _allocation_of(ptr):
+    """(base, size) of the CUDA allocation, or CUDA IPC mapping, that holds device pointer ptr in
+    this process (the driver's cuMemGetAddressRange)."""
+    cuda = ctypes.CDLL("libcuda.so.1")
+    base, size = ctypes.c_uint64(), ctypes.c_size_t()
+    rc = cuda.cuMemGetAddressRange_v2(ctypes.byref(base), ctypes.byref(size), ctypes.c_uint64(ptr))
+    assert rc == 0, "cuMemGetAddressRange: CUresult %d" % rc
+    return base.value, size.value
+
+
+@pytest.mark.parametrize("copy_grads", [False, True])
+def test_device_resident_param_grads_where_the_graph_computes_them(copy_grads, monkeypatch):
+    """By default the parameter gradients stay in the daemon's graph mempool (mapped here apart
+    from the graph's region) and param.grad is that memory; GRAPHD_COPY_PARAM_GRADS=1 puts them
+    in the graph's region. Either way gradient accumulation over micro-batches matches eager:
+    the FORWARD of the next micro-batch may reuse that mempool memory, so the client keeps the
+    accumulated gradient in a copy first."""
+    _need_cuda_here()
+    monkeypatch.setattr(graphd.graphs, "_COPY_PARAM_GRADS", copy_grads)
+    torch.manual_seed(5)
+    eager = mlp(64, 3).cuda()
+    graphed = copy.deepcopy(eager)
+    xs = [torch.randn(16, 64, device="cuda") for _ in range(6)]
+    ys = [torch.randn(16, 64, device="cuda") for _ in range(6)]
+    graphed = graphd.make_graphed_callables(graphed, (xs[0].clone(),))
+    s = graphed._graphd_runner.static
+    region = _allocation_of(s.params[0].data_ptr())
+    assert len(s.param_grads) == len(list(graphed.parameters()))
+    for g in s.param_grads.values():
+        assert (_allocation_of(g.data_ptr()) == region) == copy_grads
+
+    opt_e = torch.optim.SGD(eager.parameters(), lr=0.05)
+    opt_g = torch.optim.SGD(graphed.parameters(), lr=0.05)
+    for step in range(2):
+        for i in range(step * 3, step * 3 + 3):  # three micro-batches, no zero_grad between
+            nn.functional.mse_loss(eager(xs[i]), ys[i]).backward()
+            nn.functional.mse_loss(graphed(xs[i]), ys[i]).backward()
+        for a, b in zip(graphed.parameters(), eager.parameters()):
+            torch.testing.assert_close(a.grad, b.grad, **RT)
+        opt_e.step()
+        opt_g.step()
+        opt_e.zero_grad(set_to_none=True)
+        opt_g.zero_grad(set_to_none=True)
+    for a, b in zip(graphed.parameters(), eager.parameters()):
+        torch.testing.assert_close(a, b, **RT)
+    # One backward after zero_grad: param.grad is the static gradient itself, no copy.
+    nn.functional.mse_loss(graphed(xs[0]), ys[0]).backward()
+    assert ({p.grad.data_ptr() for p in graphed.parameters()} ==
+            {t.data_ptr() for t in s.param_grads.values()})
 
 
 def test_device_resident_replays_follow_the_stream():

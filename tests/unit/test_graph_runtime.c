@@ -472,6 +472,23 @@ static void test_same_bytes_same_module(void **state)
     free(bytes);
 }
 
+/* A graph whose static tensors are all in its block: no GR_TENSOR_EXTERNAL, nothing in
+ * gr_graph_external. */
+static void assert_no_external(const tgraph_t *t)
+{
+    for (size_t k = 0; k < t->count; k++)
+        assert_int_equal(t->layout[k].flags & GR_TENSOR_EXTERNAL, 0);
+    size_t n = 7;
+    assert_int_equal(gr_graph_external(t->g, &n, NULL), GR_OK);
+    assert_int_equal(n, 0);
+    gr_external_t e;
+    n = 1;
+    assert_int_equal(gr_graph_external(t->g, &n, &e), GR_OK);
+    assert_int_equal(n, 0);
+    assert_error(gr_graph_external(NULL, &n, NULL), GR_EINVAL, NULL);
+    assert_error(gr_graph_external(t->g, NULL, NULL), GR_EINVAL, NULL);
+}
+
 static void test_mlp_training_parity(void **state)
 {
     (void)state;
@@ -479,8 +496,13 @@ static void test_mlp_training_parity(void **state)
     const int64_t xs[2] = {16, 16};
     gr_arg_spec_t arg = f32_arg(2, xs, 0);
     gr_callable_spec_t spec = {m, NULL, 1, &arg};
+    gr_capture_opts_t opts;
+    gr_capture_opts_init(&opts);
+    assert_int_equal(opts.copy_param_grads, 1);
+    opts.copy_param_grads = 0; /* for device-resident captures only: ignored here */
     tgraph_t t;
-    assert_int_equal(capture(1, &spec, NULL, &t), GR_OK);
+    assert_int_equal(capture(1, &spec, &opts, &t), GR_OK);
+    assert_no_external(&t);
 
     assert_int_equal(count_role(&t, GR_ROLE_INPUT), 1);
     assert_int_equal(count_role(&t, GR_ROLE_OUTPUT), 1);
@@ -1432,8 +1454,12 @@ static void test_cuda_mlp_training_parity(void **state)
     const int64_t xs[2] = {16, 16};
     gr_arg_spec_t arg = f32_arg(2, xs, 0);
     gr_callable_spec_t spec = {m, NULL, 1, &arg};
+    gr_capture_opts_t opts;
+    gr_capture_opts_init(&opts);
+    opts.copy_param_grads = 0; /* host-staged: the gradients are copied to the host anyway */
     tgraph_t t;
-    capture_ok("cuda:0", 1, &spec, NULL, &t);
+    capture_ok("cuda:0", 1, &spec, &opts, &t);
+    assert_no_external(&t);
     gr_graph_info_t info;
     assert_int_equal(gr_graph_info(t.g, &info), GR_OK);
     assert_string_equal(info.device, "cuda:0");

@@ -743,6 +743,79 @@ static void test_device_regions(void **state)
     assert_pm(pm_pool_delete(f->m, "gpu"), PM_OK);
 }
 
+/* Borrowed device regions (a graph mempool's segments): found, freed and reclaimed like any
+ * region, but counted nowhere, outside the limit, and never handed to the device-free hook. */
+static void test_borrowed_regions(void **state)
+{
+    fixture_t *f = *state;
+    uint64_t pg = f->page;
+    memset(&freed_dev, 0, sizeof freed_dev);
+    int ctx_tag = 0;
+    pm_manager_set_device_free(f->m, count_device_free, &ctx_tag);
+    pm_pool_t *p = NULL;
+    assert_pm(pm_pool_create(f->m, "gpu", "cuda:0", 2 * pg, &p), PM_OK);
+    uint8_t handle[PM_IPC_HANDLE_SIZE];
+    for (int i = 0; i < PM_IPC_HANDLE_SIZE; i++)
+        handle[i] = (uint8_t)(i * 5 + 3);
+    void *seg = (void *)(uintptr_t)0x7f0000800000u; /* never dereferenced */
+    pm_region_t *r = (pm_region_t *)&r;
+    assert_pm(pm_region_borrow_device(NULL, 1, pg, seg, handle, &r), PM_EINVAL);
+    assert_pm(pm_region_borrow_device(p, 1, pg, NULL, handle, &r), PM_EINVAL);
+    assert_pm(pm_region_borrow_device(p, 1, pg, seg, NULL, &r), PM_EINVAL);
+    assert_pm(pm_region_borrow_device(p, 0, pg, seg, handle, &r), PM_EINVAL);
+    assert_pm(pm_region_borrow_device(p, 1, 0, seg, handle, &r), PM_EINVAL);
+    assert_null(r);
+
+    pm_region_t *d = NULL;
+    assert_pm(pm_region_alloc_device(p, 1, pg, (void *)(uintptr_t)0x7f0000200000u, handle, &d),
+              PM_OK);
+    /* Ten pages in a pool limited to two: the segment is not the pool's memory. */
+    pm_region_t *b1 = NULL, *b2 = NULL;
+    assert_pm(pm_region_borrow_device(p, 1, 10 * pg + 3, seg, handle, &b1), PM_OK);
+    assert_pm(pm_region_borrow_device(p, 2, 10 * pg + 3, seg, handle, &b2), PM_OK);
+    assert_int_equal(pm_region_is_device(b1), 1);
+    assert_int_equal(pm_region_is_borrowed(b1), 1);
+    assert_int_equal(pm_region_is_borrowed(d), 0);
+    assert_ptr_equal(pm_region_addr(b1), seg);
+    assert_memory_equal(pm_region_ipc_handle(b1), handle, PM_IPC_HANDLE_SIZE);
+    assert_int_equal(pm_region_size(b1), 10 * pg + 3); /* what MAP hands out, unrounded */
+    assert_int_equal(pm_region_mapped_size(b1), 10 * pg + 3);
+    assert_int_equal(pm_region_owner(b2), 2);
+    assert_ptr_equal(pm_region_find(f->m, pm_region_id(b1)), b1);
+    assert_true(pm_region_id(b2) > pm_region_id(b1));
+    pm_pool_info_t info = info_of(p);
+    assert_int_equal(info.regions, 1);
+    assert_int_equal(info.reserved_bytes, pg);
+    assert_int_equal(info.used_bytes, pg);
+    pm_usage_t u;
+    pm_owner_usage(f->m, 1, &u);
+    assert_int_equal(u.regions, 1);
+    assert_int_equal(u.bytes, pg);
+    pm_owner_usage(f->m, 2, &u);
+    assert_int_equal(u.regions, 0);
+    assert_int_equal(u.bytes, 0);
+    /* While a borrowed region lives, the pool cannot go. */
+    assert_pm(pm_region_free(f->m, pm_region_id(d), 1), PM_OK);
+    assert_int_equal(freed_dev.calls, 1);
+    assert_int_equal(info_of(p).regions, 0);
+    assert_pm(pm_pool_delete(f->m, "gpu"), PM_EBUSY);
+
+    /* Freed by its owner only, and never through the hook. */
+    assert_pm(pm_region_free(f->m, pm_region_id(b2), 1), PM_EPERM);
+    assert_pm(pm_region_free(f->m, pm_region_id(b2), 2), PM_OK);
+    assert_null(pm_region_find(f->m, pm_region_id(b2)));
+    pm_usage_t got;
+    pm_reclaim_owner(f->m, 1, &got);
+    assert_int_equal(got.regions, 0);
+    assert_int_equal(got.bytes, 0);
+    assert_null(pm_region_find(f->m, pm_region_id(b1)));
+    assert_int_equal(freed_dev.calls, 1);
+    info = info_of(p);
+    assert_int_equal(info.regions, 0);
+    assert_int_equal(info.sessions, 0);
+    assert_pm(pm_pool_delete(f->m, "gpu"), PM_OK);
+}
+
 int main(void)
 {
 #define T(f) cmocka_unit_test_setup_teardown(f, setup, teardown)
@@ -765,6 +838,7 @@ int main(void)
         T(test_many_regions),
         T(test_alloc_syscall_failure),
         T(test_device_regions),
+        T(test_borrowed_regions),
     };
 #undef T
     return cmocka_run_group_tests_name("pool_manager", tests, NULL, NULL);

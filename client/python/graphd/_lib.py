@@ -56,7 +56,8 @@ class Callable(ctypes.Structure):
 
 class CaptureOpts(ctypes.Structure):
     _fields_ = [("num_warmup_iters", ctypes.c_int), ("allow_unused_input", ctypes.c_int),
-                ("pool", ctypes.c_char_p), ("device_resident", ctypes.c_int)]
+                ("pool", ctypes.c_char_p), ("device_resident", ctypes.c_int),
+                ("copy_param_grads", ctypes.c_int)]
 
 
 class Tensor(ctypes.Structure):

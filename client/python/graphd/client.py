@@ -56,6 +56,7 @@ class Graph:
         self._handle = handle
         self.pool = pool
         self.device = None  # "cuda:N" for a device-resident graph (set by make_graphed_callables)
+        self.copy_param_grads = False  # as captured (device-resident graphs only)
         self.id = int(_lib.capture_fn("graphd_graph_id")(handle))
         self.training = bool(_lib.capture_fn("graphd_graph_training")(handle))
         self.has_backward = bool(_lib.capture_fn("graphd_graph_has_backward")(handle))
@@ -375,12 +376,15 @@ class Client:
                 raise self._fail(rc, "ReleaseModule failed")
 
     def capture(self, callables, num_warmup_iters=3, allow_unused_input=False, pool=None,
-                device_resident=False):
+                device_resident=False, copy_param_grads=False):
         """Captures callables, a list of (module_id, method or None, [(dtype code, shape,
         requires_grad), ...]), in one Capture call sharing one pool (a PoolHandle, a pool name,
         or None: the daemon's default pool). Returns one Graph per callable. device_resident:
         the static tensors in device memory of the pool's CUDA device, mapped here with CUDA IPC
-        (each Graph.tensors entry then has on_device = 1 and data a device pointer)."""
+        (each Graph.tensors entry then has on_device = 1 and data a device pointer); their
+        parameter gradients stay in the daemon's graph mempool, where a later replay in the
+        pool may overwrite them, unless copy_param_grads (BACKWARD then copies them into the
+        graph's own region)."""
         n = len(callables)
         cs = (_lib.Callable * n)()
         keep = []
@@ -406,6 +410,7 @@ class Client:
         opts.num_warmup_iters = int(num_warmup_iters)
         opts.allow_unused_input = 1 if allow_unused_input else 0
         opts.device_resident = 1 if device_resident else 0
+        opts.copy_param_grads = 1 if copy_param_grads else 0
         pool_name = pool.name if isinstance(pool, PoolHandle) else pool
         opts.pool = pool_name.encode() if pool_name else None
         handles = (ctypes.c_void_p * n)()
@@ -421,6 +426,7 @@ class Client:
         try:
             for i in range(n):
                 graphs.append(Graph(self, ctypes.c_void_p(handles[i]), pool))
+                graphs[-1].copy_param_grads = bool(copy_param_grads)
         except BaseException:
             for i in range(len(graphs), n):
                 self._release_graph(ctypes.c_void_p(handles[i]))

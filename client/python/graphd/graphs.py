@@ -23,10 +23,14 @@ Where graphd differs, and why:
 - Parameter gradients come back as upstream's do, as detached views of the static gradients,
   so AccumulateGrad takes the view as param.grad with no copy (after zero_grad() with its
   default set_to_none=True, the usual loop): until the next BACKWARD, param.grad is the static
-  gradient, as it is upstream. Unlike upstream, accumulation stays right: before a BACKWARD
-  overwrites its static gradients, a param.grad that is one of them is replaced by a copy, so a
-  second backward without zero_grad (gradient accumulation, zero_grad(set_to_none=False)) adds
-  to the old gradient instead of to itself (upstream's result is twice the new gradient).
+  gradient, as it is upstream. Unlike upstream, accumulation stays right: before a replay that
+  may overwrite a static gradient (its graph's next BACKWARD; for gradients left in the
+  daemon's graph mempool, also the next FORWARD, whose activations may share that memory), a
+  param.grad that is still one of them is replaced by a copy, so a second backward without
+  zero_grad (gradient accumulation, zero_grad(set_to_none=False)) adds to the old gradient
+  instead of to itself (upstream's result is twice the new gradient). A loop that calls
+  zero_grad() before the forward pays no copy; one that calls it between forward and backward
+  pays a copy of each gradient of a device-resident graph at that forward.
   Gradients for the user args are clones: a leaf arg's .grad outlives the graph's next BACKWARD
   in ways the graph cannot see.
 - Outputs that do not require grad are marked non-differentiable, so they come back with
@@ -38,14 +42,18 @@ Where graphd differs, and why:
   of CUDA IPC events, as if the graph ran on that stream: the daemon's pool stream waits for the
   work queued before the replay (the writes of inputs, grad-outputs and parameter updates), the
   current stream waits for the replay before the work queued after it, and neither host waits
-  (GRAPHD_REPLAY_ORDER=sync synchronises both sides instead). A CPU module with
-  device="cuda:N" stays host-staged: its replays have finished when they return.
+  (GRAPHD_REPLAY_ORDER=sync synchronises both sides instead). The parameter gradients stay
+  where the daemon's backward graph computes them, in its graph mempool, mapped here too, so no
+  step copies them (GRAPHD_COPY_PARAM_GRADS=1: the backward graph copies them into the graph's
+  own memory, for comparison). A CPU module with device="cuda:N" stays host-staged: its replays
+  have finished when they return.
 """
 import ctypes
 import io
 import os
 import tempfile
 import warnings
+import weakref
 
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
@@ -67,6 +75,16 @@ _TORCH_DTYPES = {v: k for k, v in _DTYPES.items()}
 _ORDER = os.environ.get("GRAPHD_REPLAY_ORDER", "events")
 if _ORDER not in ("events", "sync"):
     raise ImportError("graphd: GRAPHD_REPLAY_ORDER must be 'events' or 'sync', not %r" % _ORDER)
+
+# Device-resident captures: "1" has the backward graph copy each parameter gradient into the
+# graph's own region (a device copy per gradient per step) instead of leaving it in the graph
+# mempool; for comparison.
+_COPY_PARAM_GRADS = os.environ.get("GRAPHD_COPY_PARAM_GRADS", "0") == "1"
+
+# Runners whose static gradients, left in the daemon's graph mempool, were handed to
+# AccumulateGrad since their last protect(): the next FORWARD of any graph may overwrite them (its
+# activations can share that memory, as upstream's do), so it calls protect() on each first.
+_EXPOSED = weakref.WeakSet()
 
 _HOOKS_MSG = ("Modules must not have hooks registered at the time they are passed. However, "
               "registering hooks on modules after passing them through make_graphed_callables "
@@ -335,13 +353,22 @@ class _Runner:
         on_device = any(getattr(d, "on_device", 0) for d in graph.tensors)
         self.cuda_device = torch.device(graph.device) if on_device else None
         self.host_sync = _ORDER == "sync"
+        # The parameter gradients are in the daemon's graph mempool (not the graph's region).
+        self.external_grads = on_device and not graph.copy_param_grads
+        # (parameter, static gradient) handed to AccumulateGrad since the last protect()
+        self.handed_out = []
 
     def replay(self, phase):
-        """Replays phase. Device-resident graphs are ordered on the current stream by CUDA IPC
+        """Replays phase (after _protect_handed_out_grads). Device-resident graphs are ordered on the current stream by CUDA IPC
         events: the replay runs after the work queued so far (the writes into the static
         tensors) and before the work queued next (reads of the outputs), with no host wait
         (GRAPHD_REPLAY_ORDER=sync: host synchronisation on both sides instead, for
         comparison). Host-staged and CPU graphs: the replay has finished when this returns."""
+        if phase == _lib.PHASE_FORWARD:
+            for runner in list(_EXPOSED) if _EXPOSED else ():
+                runner.protect()
+        elif self.handed_out:
+            self.protect()
         if self.cuda_device is None:
             self.graph.replay(phase)
         elif self.host_sync:
@@ -349,6 +376,17 @@ class _Runner:
             self.graph.replay(phase)
         else:
             self.graph.replay(phase, stream=_current_raw_stream(self.cuda_device))
+
+    def protect(self):
+        """Before a replay that may overwrite this runner's static gradients (its own BACKWARD;
+        where they are in the graph mempool, any FORWARD): a param.grad that is still one of them
+        gets a copy of its own, to which AccumulateGrad then adds the next gradient."""
+        for param, static in self.handed_out:
+            grad = param.grad
+            if grad is not None and grad.data_ptr() == static.data_ptr():
+                param.grad = grad.clone()
+        self.handed_out = []
+        _EXPOSED.discard(self)
 
     def __call__(self, *user_args, **user_kwargs):
         if user_kwargs:
@@ -363,6 +401,7 @@ class _Runner:
 
 
 _RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # looked up once
+
 
 
 def _current_raw_stream(device):
@@ -415,13 +454,6 @@ class _Graphed(torch.autograd.Function):
         s = runner.static
         need = ctx.needs_input_grad
         params = runner.module_params
-        for k, static in s.param_grads.items():
-            # param.grad may be this static gradient, taken by AccumulateGrad last time (zero
-            # copy); the replay below overwrites it, so keep the gradient so far in a copy that
-            # AccumulateGrad then adds to.
-            grad = params[k].grad
-            if grad is not None and grad.data_ptr() == static.data_ptr():
-                params[k].grad = grad.clone()
         for k, static in s.grad_outputs.items():
             grad = grads[k]
             if grad is None:
@@ -435,11 +467,16 @@ class _Graphed(torch.autograd.Function):
             if (_lib.ROLE_GRAD_INPUT, k) in s.absent:
                 g = None
             result.append(g.clone() if g is not None and need[1 + k] else None)
-        for k in range(len(runner.module_params)):
+        for k in range(len(params)):
             g = s.param_grads.get(k)
-            if (_lib.ROLE_PARAM_GRAD, k) in s.absent:
+            if (_lib.ROLE_PARAM_GRAD, k) in s.absent or not need[1 + runner.n_args + k]:
                 g = None
-            result.append(g.detach() if g is not None and need[1 + runner.n_args + k] else None)
+            if g is not None:  # AccumulateGrad takes the view as param.grad: no copy
+                runner.handed_out.append((params[k], g))
+                g = g.detach()
+            result.append(g)
+        if runner.external_grads and runner.handed_out:
+            _EXPOSED.add(runner)
         return tuple(result)
 
 
@@ -656,7 +693,8 @@ def make_graphed_callables(callables, sample_args, num_warmup_iters=3, allow_unu
         graphs = client.capture([(mid, None, a) for mid, a in zip(module_ids, arg_specs)],
                                 num_warmup_iters=num_warmup_iters,
                                 allow_unused_input=allow_unused_input, pool=pool,
-                                device_resident=cuda_dev is not None)
+                                device_resident=cuda_dev is not None,
+                                copy_param_grads=_COPY_PARAM_GRADS)
         for graph in graphs:
             graph.device = cuda_dev  # where a device-resident graph's static tensors are
         if cuda_dev is not None:
