@@ -38,6 +38,7 @@ typedef struct gd_graph gd_graph_t;
 typedef struct gd_module gd_module_t;
 typedef struct gd_gpool gd_gpool_t;
 typedef struct gd_events gd_events_t;
+typedef struct gd_seqs gd_seqs_t;
 
 typedef struct gd_session {
     uint64_t id;
@@ -54,6 +55,7 @@ typedef struct gd_session {
     uint32_t graphs, modules;
     uint64_t replays;
     gd_events_t *events; /* per CUDA device, for ordered replays (events.c) */
+    gd_seqs_t *seqs;     /* per CUDA device, for posted replays (events.c) */
     struct gd_session *next;
 } gd_session_t;
 
@@ -149,6 +151,22 @@ struct gr_event *gd_events_wait(const gd_events_t *ev); /* the client's */
 struct gr_event *gd_events_done(const gd_events_t *ev); /* the daemon's */
 /* Destroys the session's events, each on its device's worker after the replays queued there. */
 void gd_events_session_ended(gd_session_t *s);
+
+/* events.c: sequence counters that order a session's posted replays on a device. */
+struct gr_seq;
+/* A SEQ frame; the reply (the counters' IPC handle) goes out on wire. */
+void gd_seqs_frame(gd_daemon_t *d, gd_session_t *s, gd_wire_t *wire, const graphd_frame_t *f);
+/* The session's counters for device, or NULL when it sent no SEQ for it. */
+gd_seqs_t *gd_seqs_find(const gd_session_t *s, const char *device);
+/* Takes n when it is the next sequence number (the last taken plus one); false, taking nothing,
+ * otherwise. */
+bool gd_seqs_take(gd_seqs_t *q, uint64_t n);
+uint64_t gd_seqs_last(const gd_seqs_t *q);
+struct gr_seq *gd_seqs_counters(const gd_seqs_t *q);
+gd_worker_t *gd_seqs_worker(const gd_seqs_t *q);
+/* Releases the session's counters at once (every wait on them ends) and destroys them on their
+ * workers after what is queued there. Call before the session's graphs go. */
+void gd_seqs_session_ended(gd_session_t *s);
 
 /* devices.c: devices[0..cpu_devices-1] are cpu:0..cpu:N-1, then come the accelerators. */
 void gd_devices_discover(gd_daemon_t *d);

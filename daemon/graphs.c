@@ -1313,6 +1313,8 @@ typedef struct {
     gd_wire_t *wire;
     uint64_t seq;
     gr_event_t *wait, *done; /* ordered replays (GRAPHD_REPLAY_ORDERED), else NULL */
+    gr_seq_t *seqs;          /* posted replays (GRAPHD_REPLAY_POSTED): answered on failure only */
+    uint64_t n;
     /* gRPC replays */
     gd_call_t *call;
     int rc;
@@ -1337,6 +1339,22 @@ static void replay_account(replay_job_t *j)
 static void replay_frame_run(gd_job_t *job)
 {
     replay_job_t *j = (replay_job_t *)job;
+    if (j->seqs != NULL) {
+        j->rc = gr_graph_replay_posted(j->graph->g, j->phase, j->seqs, j->n, &j->device_ns);
+        replay_account(j);
+        if (j->rc != GR_OK) {
+            graphd_frame_t f = {.magic = GRAPHD_FRAME_MAGIC,
+                                .version = GRAPHD_FRAME_VERSION,
+                                .type = GRAPHD_FRAME_REPLAY | GRAPHD_FRAME_REPLY,
+                                .seq = j->seq,
+                                .id = j->graph->id,
+                                .status = gd_status_from_gr(j->rc)};
+            gd_wire_send(j->wire, &f, gr_last_error(), -1);
+        }
+        gd_wire_unref(j->wire);
+        free(j);
+        return;
+    }
     j->rc = j->wait != NULL
                 ? gr_graph_replay_ordered(j->graph->g, j->phase, j->wait, j->done, &j->device_ns)
                 : gr_graph_replay(j->graph->g, j->phase, &j->device_ns);
@@ -1396,9 +1414,89 @@ static int replay_target(gd_daemon_t *d, gd_session_t *s, uint64_t id, uint64_t 
     return GD_OK;
 }
 
+static void replay_reply_error(gd_wire_t *wire, const graphd_frame_t *f, int status,
+                               const char *msg)
+{
+    graphd_frame_t r = {.magic = GRAPHD_FRAME_MAGIC,
+                        .version = GRAPHD_FRAME_VERSION,
+                        .type = GRAPHD_FRAME_REPLAY | GRAPHD_FRAME_REPLY,
+                        .seq = f->seq,
+                        .id = f->id,
+                        .status = status};
+    gd_wire_send(wire, &r, msg, -1);
+}
+
+/* A REPLAY with GRAPHD_REPLAY_POSTED: answered only when it fails. Whatever happens to it, its
+ * sequence number ends up written to the counters' done (by the replay, or by gr_seq_skip), so
+ * the client's stream never waits for it forever; a frame out of sequence ends the session,
+ * whose end releases the counters. */
+static void replay_posted(gd_daemon_t *d, gd_session_t *s, gd_wire_t *wire, const graphd_frame_t *f,
+                          uint64_t t0)
+{
+    const uint64_t phase = f->arg & GRAPHD_REPLAY_PHASE_MASK;
+    const unsigned index =
+        (unsigned)((f->arg >> GRAPHD_REPLAY_DEVICE_SHIFT) & GRAPHD_REPLAY_DEVICE_MASK);
+    const uint64_t n = f->arg >> GRAPHD_REPLAY_SEQ_SHIFT;
+    const uint64_t flags = f->arg & 0xff00u;
+    char device[32], msg[256];
+    snprintf(device, sizeof device, "cuda:%u", index);
+    gd_seqs_t *q = gd_seqs_find(s, device);
+    if (q == NULL || !gd_seqs_take(q, n)) {
+        if (q == NULL)
+            snprintf(msg, sizeof msg,
+                     "a posted REPLAY needs the session's sequence counters for %s (SEQ frame) "
+                     "first",
+                     device);
+        else
+            snprintf(msg, sizeof msg, "posted REPLAY %llu on %s out of sequence (next: %llu)",
+                     (unsigned long long)n, device, (unsigned long long)gd_seqs_last(q) + 1);
+        replay_reply_error(wire, f, GD_FAILED_PRECONDITION, msg);
+        gd_session_end(d, s, msg);
+        return;
+    }
+    gd_graph_t *g = NULL;
+    int st = replay_target(d, s, f->id, phase, &g, msg, sizeof msg);
+    if (st == GD_OK && flags != GRAPHD_REPLAY_POSTED) {
+        st = GD_INVALID_ARGUMENT;
+        snprintf(msg, sizeof msg, "REPLAY flags 0x%llx: POSTED goes alone",
+                 (unsigned long long)flags);
+    } else if (st == GD_OK && strcmp(g->worker->device, device) != 0) {
+        st = GD_INVALID_ARGUMENT;
+        snprintf(msg, sizeof msg, "graph %llu is on %s, not %s", (unsigned long long)g->id,
+                 g->worker->device, device);
+    }
+    replay_job_t *j = st == GD_OK ? calloc(1, sizeof *j) : NULL;
+    if (st == GD_OK && j == NULL) {
+        st = GD_INTERNAL;
+        snprintf(msg, sizeof msg, "out of memory");
+    }
+    if (st != GD_OK) {
+        replay_reply_error(wire, f, st, msg);
+        if (gr_seq_skip(gd_seqs_counters(q), n) != GR_OK)
+            gd_warn("posted replay %llu on %s: %s", (unsigned long long)n, device, gr_last_error());
+        return;
+    }
+    j->job.run = replay_frame_run;
+    j->graph = g;
+    j->phase = (int)phase;
+    j->seqs = gd_seqs_counters(q);
+    j->n = n;
+    j->t0 = t0;
+    j->seq = f->seq;
+    j->wire = wire;
+    gd_wire_ref(wire);
+    s->replays++;
+    replay_keep_hot(d, g->worker, t0);
+    gd_worker_submit(g->worker, &j->job);
+}
+
 void gd_replay_frame(gd_daemon_t *d, gd_session_t *s, gd_wire_t *wire, const graphd_frame_t *f)
 {
     uint64_t t0 = gd_now_ns();
+    if (f->arg & GRAPHD_REPLAY_POSTED) {
+        replay_posted(d, s, wire, f, t0);
+        return;
+    }
     gd_graph_t *g = NULL;
     char msg[256];
     uint64_t phase = f->arg & GRAPHD_REPLAY_PHASE_MASK;
@@ -1417,19 +1515,13 @@ void gd_replay_frame(gd_daemon_t *d, gd_session_t *s, gd_wire_t *wire, const gra
                      g->worker->device);
         }
     }
-    replay_job_t *j = st == GD_OK ? malloc(sizeof *j) : NULL;
+    replay_job_t *j = st == GD_OK ? calloc(1, sizeof *j) : NULL;
     if (st == GD_OK && j == NULL) {
         st = GD_INTERNAL;
         snprintf(msg, sizeof msg, "out of memory");
     }
     if (st != GD_OK) {
-        graphd_frame_t r = {.magic = GRAPHD_FRAME_MAGIC,
-                            .version = GRAPHD_FRAME_VERSION,
-                            .type = GRAPHD_FRAME_REPLAY | GRAPHD_FRAME_REPLY,
-                            .seq = f->seq,
-                            .id = f->id,
-                            .status = st};
-        gd_wire_send(wire, &r, msg, -1);
+        replay_reply_error(wire, f, st, msg);
         return;
     }
     j->job.run = replay_frame_run;

@@ -187,6 +187,9 @@ static bool on_frame(gd_conn_t *c, const graphd_frame_t *fp, const uint8_t *payl
     case GRAPHD_FRAME_EVENTS:
         gd_events_frame(c->d, c->session, c->wire, &f, payload);
         break;
+    case GRAPHD_FRAME_SEQ:
+        gd_seqs_frame(c->d, c->session, c->wire, &f);
+        break;
     default:
         snprintf(msg, sizeof msg, "unknown frame type 0x%04x", f.type);
         protocol_error(c, f.seq, msg);
@@ -431,6 +434,7 @@ void gd_session_end(gd_daemon_t *d, gd_session_t *s, const char *why)
         return;
     *pp = s->next;
     d->nsessions--;
+    gd_seqs_session_ended(s); /* first: a graph's stream may wait on this client's counter */
     gd_graphs_session_ended(d, s);
     gd_events_session_ended(s);
     pm_usage_t freed = {0, 0};

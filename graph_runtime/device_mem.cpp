@@ -12,6 +12,8 @@
 #include <cstring>
 #include <new>
 
+#include <dlfcn.h>
+
 #ifdef GR_HAVE_CUDA
 #include <cuda_runtime_api.h>
 #endif
@@ -254,5 +256,187 @@ extern "C" int gr_event_destroy(gr_event_t *e)
     }
 #endif
     delete e;
+    return GR_OK;
+}
+
+/* ---- sequence counters (CUDA stream memory operations) -------------------------------------- */
+
+namespace
+{
+
+#ifdef GR_HAVE_CUDA
+/* The driver's cuStreamWaitValue64 / cuStreamWriteValue64 (CUstream, CUdeviceptr, cuuint64_t,
+ * unsigned int) -> CUresult, looked up in the driver the runtime has loaded, so that
+ * graph_runtime need not link against libcuda. */
+using StreamValueFn = int (*)(void *, unsigned long long, unsigned long long, unsigned int);
+struct StreamOps {
+    StreamValueFn wait = nullptr, write = nullptr;
+    StreamOps()
+    {
+        void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+        if (h == nullptr)
+            h = dlopen("libcuda.so.1", RTLD_NOW);
+        if (h == nullptr)
+            return;
+        wait = resolve(h, "cuStreamWaitValue64_v2", "cuStreamWaitValue64");
+        write = resolve(h, "cuStreamWriteValue64_v2", "cuStreamWriteValue64");
+        if (wait == nullptr || write == nullptr)
+            wait = write = nullptr;
+    }
+    static StreamValueFn resolve(void *h, const char *name, const char *fallback)
+    {
+        void *f = dlsym(h, name);
+        if (f == nullptr)
+            f = dlsym(h, fallback);
+        return reinterpret_cast<StreamValueFn>(f);
+    }
+};
+
+const StreamOps &stream_ops()
+{
+    static const StreamOps ops;
+    return ops;
+}
+
+const unsigned CU_STREAM_WAIT_VALUE_GEQ_ = 0x0;      /* CU_STREAM_WAIT_VALUE_GEQ */
+const unsigned CU_STREAM_WRITE_VALUE_DEFAULT_ = 0x0; /* with a memory barrier before the write */
+
+uint8_t *seq_bytes(const gr_seq_t *s)
+{
+    return static_cast<uint8_t *>(s->mem);
+}
+#endif
+
+} // namespace
+
+extern "C" int gr__stream_wait_geq(void *stream, const void *addr, uint64_t value)
+{
+#ifdef GR_HAVE_CUDA
+    const StreamOps &ops = stream_ops();
+    if (ops.wait == nullptr)
+        return -1;
+    return ops.wait(stream, reinterpret_cast<uintptr_t>(addr), value, CU_STREAM_WAIT_VALUE_GEQ_);
+#else
+    (void)stream, (void)addr, (void)value;
+    return -1;
+#endif
+}
+
+extern "C" int gr__stream_write(void *stream, void *addr, uint64_t value)
+{
+#ifdef GR_HAVE_CUDA
+    const StreamOps &ops = stream_ops();
+    if (ops.write == nullptr)
+        return -1;
+    return ops.write(stream, reinterpret_cast<uintptr_t>(addr), value,
+                     CU_STREAM_WRITE_VALUE_DEFAULT_);
+#else
+    (void)stream, (void)addr, (void)value;
+    return -1;
+#endif
+}
+
+extern "C" int gr_seq_create(const char *device, gr_seq_t **out, uint8_t handle[GR_IPC_HANDLE_SIZE])
+{
+    if (out != nullptr)
+        *out = nullptr;
+    if (handle == nullptr || out == nullptr)
+        return gr__set_error(GR_EINVAL, "gr_seq_create: NULL argument");
+    int index = -1;
+    int rc = event_device("gr_seq_create", device, &index);
+    if (rc != GR_OK)
+        return rc;
+#ifdef GR_HAVE_CUDA
+    if (stream_ops().wait == nullptr)
+        return gr__set_errorf(GR_EUNSUPPORTED,
+                              "gr_seq_create: the CUDA driver has no cuStreamWaitValue64");
+    void *mem = nullptr;
+    rc = gr_device_alloc(device, GR_SEQ_BYTES, &mem, handle);
+    if (rc != GR_OK)
+        return rc;
+    DeviceScope scope(index);
+    cudaStream_t stream = nullptr;
+    cudaError_t err = scope.err;
+    if (err == cudaSuccess)
+        err = cudaMemset(mem, 0, GR_SEQ_BYTES);
+    if (err == cudaSuccess)
+        err = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+    if (err != cudaSuccess) {
+        rc = cuda_fail(err, "sequence counters", device);
+        (void)cudaFree(mem);
+        return rc;
+    }
+    auto *s = new (std::nothrow) gr_seq_t{index, mem, stream};
+    if (s == nullptr) {
+        (void)cudaStreamDestroy(stream);
+        (void)cudaFree(mem);
+        return gr__set_error(GR_ENOMEM, "gr_seq_create: out of memory");
+    }
+    *out = s;
+    return GR_OK;
+#else
+    (void)index;
+    return GR_EUNSUPPORTED; /* not reached: event_device refused */
+#endif
+}
+
+extern "C" int gr_seq_skip(gr_seq_t *s, uint64_t n)
+{
+    if (s == nullptr || n == 0)
+        return gr__set_error(GR_EINVAL, "gr_seq_skip: NULL counters or sequence 0");
+#ifdef GR_HAVE_CUDA
+    DeviceScope scope(s->device);
+    int err = gr__stream_wait_geq(s->stream, seq_bytes(s) + GR_SEQ_DONE_OFFSET, n - 1);
+    if (err == 0)
+        err = gr__stream_write(s->stream, seq_bytes(s) + GR_SEQ_DONE_OFFSET, n);
+    if (err != 0)
+        return gr__set_errorf(GR_EINTERNAL, "gr_seq_skip on cuda:%d: CUresult %d", s->device, err);
+    return GR_OK;
+#else
+    return GR_EUNSUPPORTED;
+#endif
+}
+
+extern "C" int gr_seq_release(gr_seq_t *s)
+{
+    if (s == nullptr)
+        return gr__set_error(GR_EINVAL, "gr_seq_release: NULL counters");
+#ifdef GR_HAVE_CUDA
+    /* A stream of its own: the counters' stream may itself wait (gr_seq_skip) behind the very
+     * replay this is to unblock. */
+    DeviceScope scope(s->device);
+    cudaStream_t stream = nullptr;
+    cudaError_t cerr = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+    if (cerr != cudaSuccess)
+        return cuda_fail(cerr, "gr_seq_release: cudaStreamCreateWithFlags", "the counters' device");
+    int err = gr__stream_write(stream, seq_bytes(s) + GR_SEQ_READY_OFFSET, GR_SEQ_RELEASED);
+    if (err == 0)
+        err = gr__stream_write(stream, seq_bytes(s) + GR_SEQ_DONE_OFFSET, GR_SEQ_RELEASED);
+    (void)cudaStreamDestroy(stream); /* returns at once; the writes still run */
+    if (err != 0)
+        return gr__set_errorf(GR_EINTERNAL, "gr_seq_release on cuda:%d: CUresult %d", s->device,
+                              err);
+    return GR_OK;
+#else
+    return GR_EUNSUPPORTED;
+#endif
+}
+
+extern "C" int gr_seq_destroy(gr_seq_t *s)
+{
+    if (s == nullptr)
+        return GR_OK;
+#ifdef GR_HAVE_CUDA
+    {
+        DeviceScope scope(s->device);
+        auto stream = static_cast<cudaStream_t>(s->stream);
+        if (cudaStreamSynchronize(stream) != cudaSuccess ||
+            cudaStreamDestroy(stream) != cudaSuccess)
+            (void)cudaGetLastError();
+        if (cudaFree(s->mem) != cudaSuccess)
+            (void)cudaGetLastError(); /* the context may be gone at exit */
+    }
+#endif
+    delete s;
     return GR_OK;
 }

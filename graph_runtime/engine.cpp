@@ -891,9 +891,43 @@ extern "C" int gr_graph_replay_ordered(gr_graph_t *g, int phase, gr_event_t *wai
                               "the graph is on cuda:%d but its events are on "
                               "cuda:%d and cuda:%d",
                               static_cast<int>(c.device.index()), wait->device, done->device);
-    gr::Order order{wait->event, done->event};
+    gr::Order order;
+    order.wait = wait->event;
+    order.done = done->event;
     return guarded_replay(g, "gr_graph_replay_ordered",
                           [&] { return replay(g, phase, &order, elapsed_ns); });
+}
+
+extern "C" int gr_graph_replay_posted(gr_graph_t *g, int phase, gr_seq_t *s, uint64_t n,
+                                      uint64_t *elapsed_ns)
+{
+    if (s == nullptr || n == 0)
+        return gr__set_error(GR_EINVAL, "gr_graph_replay_posted: NULL counters or sequence 0");
+    int rc;
+    if (g == nullptr) {
+        rc = gr__set_error(GR_EINVAL, "gr_graph_replay_posted: NULL graph");
+    } else if (!g->callable->resident) {
+        rc = gr__set_error(GR_EINVAL, "a posted replay needs a device-resident graph (this one "
+                                      "is host-staged: its replays are synchronous)");
+    } else if (s->device != g->callable->device.index()) {
+        rc = gr__set_errorf(GR_EINVAL,
+                            "the graph is on cuda:%d but its sequence counters on cuda:%d",
+                            static_cast<int>(g->callable->device.index()), s->device);
+    } else {
+        gr::Order order;
+        order.seq = s;
+        order.n = n;
+        rc = guarded_replay(g, "gr_graph_replay_posted",
+                            [&] { return replay(g, phase, &order, elapsed_ns); });
+    }
+    if (rc != GR_OK) {
+        /* The client's stream waits for done >= n whatever happened: write it, keeping the
+         * error of the replay (not the skip's) for the caller. */
+        std::string msg = gr_last_error();
+        (void)gr_seq_skip(s, n);
+        gr__set_error(rc, msg.c_str());
+    }
+    return rc;
 }
 
 extern "C" int gr_graph_destroy(gr_graph_t *g)

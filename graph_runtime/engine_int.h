@@ -152,12 +152,16 @@ void run_forward(Callable &c);
  * none) made inside the capture. */
 void run_backward(Callable &c);
 
-/* How a replay is ordered against another process's stream (gr_graph_replay_ordered): the
- * family's stream waits for wait before the graph and records done after it, and the replay
- * returns without waiting for the device. The events are cudaEvent_t of the callable's device. */
+/* How a replay is ordered against another process's stream, returning without waiting for the
+ * device. By events (gr_graph_replay_ordered): the family's stream waits for wait before the
+ * graph and records done after it (cudaEvent_t of the callable's device). By sequence counters
+ * (gr_graph_replay_posted; wait and done NULL): it waits for ready >= n and done >= n - 1 before
+ * the graph and writes done = n after it. */
 struct Order {
-    void *wait;
-    void *done;
+    void *wait = nullptr;
+    void *done = nullptr;
+    const gr_seq *seq = nullptr;
+    uint64_t n = 0;
 };
 
 /* A device family. The engine calls capture_forward for every callable in order, then

@@ -53,6 +53,13 @@ void check(cudaError_t err, const char *what)
     }
 }
 
+/* For a CUresult from the driver's stream memory operations (-1: the driver has none). */
+void check_cu(int err, const char *what)
+{
+    if (err != 0)
+        throw Error(GR_EINTERNAL, std::string(what) + ": CUresult " + std::to_string(err));
+}
+
 /* Page ranges registered with cudaHostRegister, reference-counted: blocks that share pages
  * share registrations. Process-wide (the one place the CUDA family keeps global state, as the
  * driver's registration table is process-wide too). */
@@ -394,6 +401,17 @@ class CudaFamily final : public Family
     {
         c10::cuda::CUDAStreamGuard guard(*st.stream);
         cudaStream_t stream = st.stream->stream();
+        if (order != nullptr && order->seq != nullptr) {
+            uint8_t *mem = static_cast<uint8_t *>(order->seq->mem);
+            check_cu(gr__stream_wait_geq(stream, mem + GR_SEQ_READY_OFFSET, order->n),
+                     "cuStreamWaitValue64 (ready)");
+            check_cu(gr__stream_wait_geq(stream, mem + GR_SEQ_DONE_OFFSET, order->n - 1),
+                     "cuStreamWaitValue64 (done)");
+            graph.replay();
+            check_cu(gr__stream_write(stream, mem + GR_SEQ_DONE_OFFSET, order->n),
+                     "cuStreamWriteValue64");
+            return;
+        }
         if (order != nullptr)
             check(cudaStreamWaitEvent(stream, static_cast<cudaEvent_t>(order->wait), 0),
                   "cudaStreamWaitEvent");

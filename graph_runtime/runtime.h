@@ -396,6 +396,40 @@ int gr_event_destroy(gr_event_t *e);
  * another device; otherwise as gr_graph_replay. */
 int gr_graph_replay_ordered(gr_graph_t *g, int phase, gr_event_t *wait, gr_event_t *done,
                             uint64_t *elapsed_ns /* [out][optional] */);
+
+/* ---- ordering across processes (sequence counters) ---------------------------------------- */
+/* Two 64-bit counters in device memory (GR_SEQ_BYTES, exported with CUDA IPC) that order one
+ * client's replays on one device by CUDA stream memory operations, with no reply needed: the
+ * client's stream writes ready = n after the work a replay must follow and waits for done >= n
+ * before the work that must follow it; gr_graph_replay_posted makes the graph's stream wait for
+ * ready >= n and write done = n. Counters start at 0, n at 1. */
+typedef struct gr_seq gr_seq_t;
+#define GR_SEQ_BYTES 256
+#define GR_SEQ_READY_OFFSET 0
+#define GR_SEQ_DONE_OFFSET 128
+/* Allocates and zeroes the counters on device ("cuda:N"), with a stream of their own; handle gets
+ * their cudaIpcGetMemHandle. GR_EUNSUPPORTED without the CUDA family or where the driver lacks
+ * 64-bit stream memory operations; otherwise errors as gr_event_create. */
+int gr_seq_create(const char *device, gr_seq_t **out,
+                  uint8_t handle[GR_IPC_HANDLE_SIZE] /* [out] */);
+/* For a posted replay n that will not run (refused, or failed before its graph): the counters'
+ * stream waits for done >= n - 1 and writes done = n, so that the client's wait ends in order. */
+int gr_seq_skip(gr_seq_t *s, uint64_t n);
+/* Ends every wait on the counters at once, whoever's: writes GR_SEQ_RELEASED to both from the
+ * counters' stream, ordered after nothing. For a client that is gone (its stream will never write
+ * ready, and a graph's stream would wait for it forever). Callable from any thread. */
+#define GR_SEQ_RELEASED (UINT64_C(1) << 62)
+int gr_seq_release(gr_seq_t *s);
+/* Frees the counters once their stream is idle. NULL: no-op. */
+int gr_seq_destroy(gr_seq_t *s);
+/* A posted replay of a device-resident graph: the graph's stream waits for ready >= n and for
+ * done >= n - 1 (so that done only grows, whatever stream the previous replay used), replays, and
+ * writes done = n; the call returns without waiting for the device (elapsed_ns: the host time of
+ * the launch). On any failure done = n is still written (gr_seq_skip) before the error returns.
+ * Errors as gr_graph_replay_ordered. */
+int gr_graph_replay_posted(gr_graph_t *g, int phase, gr_seq_t *s, uint64_t n,
+                           uint64_t *elapsed_ns /* [out][optional] */);
+
 /* Frees the graph; its static block is the caller's again. */
 int gr_graph_destroy(gr_graph_t *g);
 int gr_graph_info(const gr_graph_t *g, gr_graph_info_t *out);

@@ -29,6 +29,9 @@ enum graphd_frame_type {
      * (GRAPHD_IPC_HANDLE_SIZE bytes of message): the client's, recorded after it writes a
      * replay's inputs, and the daemon's, recorded after the replay (GRAPHD_REPLAY_ORDERED). */
     GRAPHD_FRAME_EVENTS = 4,
+    /* id = CUDA device index; the reply carries the CUDA IPC memory handle of the session's
+     * sequence counters on that device (GRAPHD_SEQ_*), for GRAPHD_REPLAY_POSTED. */
+    GRAPHD_FRAME_SEQ = 5,
     GRAPHD_FRAME_ERROR = 0x7fff, /* unsolicited: the daemon closes the session after it */
     GRAPHD_FRAME_REPLY = 0x8000,
 };
@@ -41,6 +44,27 @@ enum graphd_frame_type {
  * pool's stream waits on the client's event, the daemon records its own after the graph and
  * replies without waiting for the device. Device-resident graphs only. */
 #define GRAPHD_REPLAY_ORDERED 0x100u
+/*
+ * A posted replay, ordered by the session's sequence counters on the device (SEQ) with CUDA
+ * stream memory operations, and answered only when it fails. The arg carries the device index
+ * (GRAPHD_REPLAY_DEVICE) and the replay's sequence number n (GRAPHD_REPLAY_SEQ: 1 for the
+ * session's first posted replay on the device, then one more each time, refused otherwise).
+ * Before the frame the client's stream waits for ready >= n - 1 (the previous replay's write,
+ * which may be on another stream) and writes ready = n; after it, the client's stream waits for
+ * done >= n. The daemon's stream waits for ready >= n, replays, and writes done = n (also when
+ * the replay fails, so that the client's stream goes on); a failure is answered by an error
+ * reply with the frame's seq, which the client reads at a later call. Device-resident graphs
+ * only.
+ */
+#define GRAPHD_REPLAY_POSTED 0x200u
+#define GRAPHD_REPLAY_DEVICE_SHIFT 16
+#define GRAPHD_REPLAY_DEVICE_MASK 0xffu
+#define GRAPHD_REPLAY_SEQ_SHIFT 24
+#define GRAPHD_REPLAY_SEQ_MAX ((UINT64_C(1) << 40) - 1)
+/* The sequence counters (SEQ): two 64-bit little-endian counters in device memory, 0 at first. */
+#define GRAPHD_SEQ_BYTES 256
+#define GRAPHD_SEQ_READY_OFFSET 0  /* written by the client's stream */
+#define GRAPHD_SEQ_DONE_OFFSET 128 /* written by the daemon's stream */
 
 /* status in replies is a gRPC status code, so both planes report errors alike. */
 typedef struct graphd_frame {

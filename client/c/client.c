@@ -158,6 +158,8 @@ int graphd_connect(const char *address, graphd_client_t **out)
     c->session_fd = -1;
     c->timeout_ms = timeout_from_env();
     c->spin_us = spin_from_env();
+    const char *order = getenv("GRAPHD_REPLAY_ORDER");
+    c->posted = order == NULL || strcmp(order, "events") != 0;
     c->address = resolve_address(address);
     if (c->address == NULL) {
         free(c);

@@ -34,11 +34,45 @@ static struct {
     int (*stream_wait_event)(void *, void *, unsigned int);
     int (*ipc_get_event)(ipc_handle_t *, void *);
     int (*ipc_open_event)(void **, ipc_handle_t);
+    int (*stream_create)(void **, unsigned int);
+    int (*stream_destroy)(void *);
+    /* the driver's stream memory operations (NULL when it has none: posted replays are then
+     * off), on the runtime's current context: CUstream, CUdeviceptr, value, flags */
+    int (*wait_value64)(void *, unsigned long long, unsigned long long, unsigned int);
+    int (*write_value64)(void *, unsigned long long, unsigned long long, unsigned int);
 } rt = {.once = PTHREAD_ONCE_INIT};
 
 #define CUDA_IPC_LAZY_ENABLE_PEER_ACCESS 1u /* cudaIpcMemLazyEnablePeerAccess */
 #define CUDA_EVENT_DISABLE_TIMING 0x2u      /* cudaEventDisableTiming */
 #define CUDA_EVENT_INTERPROCESS 0x4u        /* cudaEventInterprocess */
+#define CUDA_STREAM_NON_BLOCKING 0x1u       /* cudaStreamNonBlocking */
+#define CU_STREAM_WAIT_VALUE_GEQ 0x0u
+#define CU_STREAM_WRITE_VALUE_DEFAULT 0x0u /* a memory barrier before the write */
+
+/* name, else its unversioned fallback, from the driver library h. */
+static void *driver_sym(void *h, const char *name, const char *fallback)
+{
+    void *f = dlsym(h, name);
+    return f != NULL ? f : dlsym(h, fallback);
+}
+
+static void load_driver(void)
+{
+    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    if (h == NULL)
+        h = dlopen("libcuda.so.1", RTLD_NOW);
+    if (h == NULL)
+        return;
+    rt.wait_value64 =
+        (int (*)(void *, unsigned long long, unsigned long long, unsigned int))driver_sym(
+            h, "cuStreamWaitValue64_v2", "cuStreamWaitValue64");
+    rt.write_value64 =
+        (int (*)(void *, unsigned long long, unsigned long long, unsigned int))driver_sym(
+            h, "cuStreamWriteValue64_v2", "cuStreamWriteValue64");
+    if (rt.wait_value64 == NULL || rt.write_value64 == NULL || rt.stream_create == NULL ||
+        rt.stream_destroy == NULL)
+        rt.wait_value64 = rt.write_value64 = NULL;
+}
 
 static void load_runtime(void)
 {
@@ -65,6 +99,9 @@ static void load_runtime(void)
     rt.stream_wait_event = (int (*)(void *, void *, unsigned int))dlsym(h, "cudaStreamWaitEvent");
     rt.ipc_get_event = (int (*)(ipc_handle_t *, void *))dlsym(h, "cudaIpcGetEventHandle");
     rt.ipc_open_event = (int (*)(void **, ipc_handle_t))dlsym(h, "cudaIpcOpenEventHandle");
+    rt.stream_create = (int (*)(void **, unsigned int))dlsym(h, "cudaStreamCreateWithFlags");
+    rt.stream_destroy = (int (*)(void *))dlsym(h, "cudaStreamDestroy");
+    load_driver();
     if (!rt.event_create || !rt.event_destroy || !rt.event_record || !rt.stream_wait_event ||
         !rt.ipc_get_event || !rt.ipc_open_event)
         rt.event_create = NULL;
@@ -201,10 +238,120 @@ fail:
     return rc;
 }
 
+/* ---- posted replays ---------------------------------------------------------------------- */
+
+/* The session's sequence counters for device: on first use a SEQ frame, and the reply's handle
+ * mapped. GRAPHD_EUNIMPLEMENTED when the daemon cannot make them (its driver has no stream memory
+ * operations): the caller falls back to events. The caller has made device current. */
+static int seqs_for(graphd_client_t *c, int device, struct graphd__seqs **out)
+{
+    for (size_t i = 0; i < c->nseqs; i++)
+        if (c->seqs[i].device == device) {
+            *out = &c->seqs[i];
+            return GRAPHD_OK;
+        }
+    if (c->nseqs == GRAPHD__MAX_EVENT_DEVICES)
+        return graphd__fail(c, GRAPHD_ERESOURCE_EXHAUSTED, "posted replays on more than %d devices",
+                            GRAPHD__MAX_EVENT_DEVICES);
+    uint8_t handle[GRAPHD__IPC_HANDLE_SIZE];
+    size_t len = sizeof(handle);
+    int rc = graphd__dp_exchange(c, GRAPHD_FRAME_SEQ, (uint64_t)device, 0, NULL, 0, NULL, NULL,
+                                 handle, &len);
+    if (rc != GRAPHD_OK)
+        return rc;
+    if (len != sizeof(handle))
+        return graphd__fail(c, GRAPHD_EPROTO, "SEQ reply with %zu bytes of handle, not %zu", len,
+                            sizeof(handle));
+    void *mem = NULL;
+    rc = graphd__cuda_open(c, device, handle, &mem);
+    if (rc != GRAPHD_OK)
+        return rc;
+    c->seqs[c->nseqs] = (struct graphd__seqs){.device = device, .mem = mem, .last = 0};
+    *out = &c->seqs[c->nseqs++];
+    return GRAPHD_OK;
+}
+
+/* A posted REPLAY: ready = n on stream, the frame, a wait for done >= n on stream; no answer is
+ * read (a failure comes back later, graphd__dp_drain). */
+static int replay_posted(graphd_client_t *c, struct graphd__seqs *q, void *stream,
+                         uint64_t graph_id, int phase)
+{
+    uint64_t n = q->last + 1;
+    if (n > GRAPHD_REPLAY_SEQ_MAX)
+        return graphd__fail(c, GRAPHD_ERESOURCE_EXHAUSTED,
+                            "the session has posted 2^40 replays on cuda:%d: open a new one",
+                            q->device);
+    unsigned long long mem = (unsigned long long)(uintptr_t)q->mem;
+    /* ready only grows: were the last replay posted from another stream, that stream's write of
+     * n - 1 comes first, else this write could let the daemon start replay n - 1 early. */
+    int err =
+        rt.wait_value64(stream, mem + GRAPHD_SEQ_READY_OFFSET, n - 1, CU_STREAM_WAIT_VALUE_GEQ);
+    if (err == 0)
+        err = rt.write_value64(stream, mem + GRAPHD_SEQ_READY_OFFSET, n,
+                               CU_STREAM_WRITE_VALUE_DEFAULT);
+    if (err != 0)
+        return graphd__fail(c, GRAPHD_EFAILED_PRECONDITION,
+                            "cuStreamWrite/WaitValue64 on cuda:%d: CUresult %d", q->device, err);
+    uint64_t arg = ((uint64_t)(int64_t)phase & GRAPHD_REPLAY_PHASE_MASK) | GRAPHD_REPLAY_POSTED |
+                   ((uint64_t)q->device << GRAPHD_REPLAY_DEVICE_SHIFT) |
+                   (n << GRAPHD_REPLAY_SEQ_SHIFT);
+    int rc = graphd__dp_post(c, GRAPHD_FRAME_REPLAY, graph_id, arg);
+    if (rc != GRAPHD_OK)
+        return rc;
+    q->last = n;
+    err = rt.wait_value64(stream, mem + GRAPHD_SEQ_DONE_OFFSET, n, CU_STREAM_WAIT_VALUE_GEQ);
+    if (err != 0)
+        return graphd__fail(c, GRAPHD_EFAILED_PRECONDITION,
+                            "cuStreamWaitValue64 on cuda:%d: CUresult %d", q->device, err);
+    return GRAPHD_OK;
+}
+
+/* Ends every wait of this process's streams on the session's counters (the session ended: its
+ * daemon may never write done again), then unmaps them. */
+static void seqs_release(graphd_client_t *c)
+{
+    for (size_t i = 0; i < c->nseqs; i++) {
+        struct graphd__seqs *q = &c->seqs[i];
+        int err;
+        int prev = device_enter(q->device, &err);
+        void *stream = NULL;
+        if (err == 0 && rt.stream_create(&stream, CUDA_STREAM_NON_BLOCKING) == 0) {
+            unsigned long long mem = (unsigned long long)(uintptr_t)q->mem;
+            (void)rt.write_value64(stream, mem + GRAPHD_SEQ_DONE_OFFSET, UINT64_C(1) << 62,
+                                   CU_STREAM_WRITE_VALUE_DEFAULT);
+            (void)rt.stream_destroy(stream);
+        }
+        device_restore(prev, q->device);
+        graphd__cuda_close(q->device, q->mem);
+    }
+    c->nseqs = 0;
+}
+
 int graphd__cuda_replay_ordered(graphd_client_t *c, int device, void *stream, uint64_t graph_id,
                                 int phase, uint64_t *launch_ns)
 {
     pthread_once(&rt.once, load_runtime);
+    int rc = graphd__dp_drain(c); /* a posted replay that failed is reported now */
+    if (rc != GRAPHD_OK)
+        return rc;
+    if (c->posted && rt.wait_value64 != NULL) {
+        int err;
+        int prev = device_enter(device, &err);
+        if (err != 0)
+            return graphd__fail(c, GRAPHD_EFAILED_PRECONDITION, "cudaSetDevice(%d): %s", device,
+                                cuda_str(err));
+        struct graphd__seqs *q = NULL;
+        rc = seqs_for(c, device, &q);
+        if (rc == GRAPHD_OK) {
+            rc = replay_posted(c, q, stream, graph_id, phase);
+            if (launch_ns != NULL)
+                *launch_ns = 0; /* not known: nothing is answered */
+        }
+        device_restore(prev, device);
+        if (rc != GRAPHD_EUNIMPLEMENTED)
+            return rc;
+        c->posted = 0; /* the daemon cannot: order by events from now on */
+    }
     if (rt.event_create == NULL)
         return graphd__fail(c, GRAPHD_EFAILED_PRECONDITION, "ordered replay: %s",
                             rt.error[0] ? rt.error : "the CUDA runtime lacks interprocess events");
@@ -214,7 +361,7 @@ int graphd__cuda_replay_ordered(graphd_client_t *c, int device, void *stream, ui
         return graphd__fail(c, GRAPHD_EFAILED_PRECONDITION, "cudaSetDevice(%d): %s", device,
                             cuda_str(err));
     struct graphd__events *ev = NULL;
-    int rc = events_for(c, device, &ev);
+    rc = events_for(c, device, &ev);
     if (rc != GRAPHD_OK)
         goto out;
     /* The work queued on stream so far (the writes into the static tensors) comes first... */
@@ -242,6 +389,7 @@ out:
 
 void graphd__cuda_events_drop(graphd_client_t *c)
 {
+    seqs_release(c);
     for (size_t i = 0; i < c->nevents; i++) {
         /* cudaEventDestroy returns at once; work still waiting on an event is not disturbed. */
         (void)rt.event_destroy(c->events[i].ready);

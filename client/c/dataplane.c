@@ -6,6 +6,7 @@
  */
 #include <errno.h>
 #include <poll.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -166,6 +167,70 @@ static int recv_frame(graphd_client_t *c, graphd_frame_t *f, char *msg, int64_t 
     return GRAPHD_OK;
 }
 
+/* The answer to a posted replay, which comes only when it failed: keeps the first such failure
+ * for the next replay call. 1 when f was one (consumed), 0 when not. */
+static int take_posted_answer(graphd_client_t *c, const graphd_frame_t *f, const char *msg)
+{
+    if (f->type != (GRAPHD_FRAME_REPLY | GRAPHD_FRAME_REPLAY) || f->status == 0 || c->nseqs == 0)
+        return 0;
+    if (!c->posted_err) {
+        c->posted_err = graphd_err_from_grpc(f->status);
+        snprintf(c->posted_msg, sizeof(c->posted_msg),
+                 "an earlier posted replay of graph %llu failed: %s", (unsigned long long)f->id,
+                 msg[0] != '\0' ? msg : graphd_strerror(c->posted_err));
+    }
+    return 1;
+}
+
+int graphd__dp_post(graphd_client_t *c, uint16_t type, uint64_t id, uint64_t arg)
+{
+    if (c->session_fd < 0)
+        return graphd__fail(c, GRAPHD_EFAILED_PRECONDITION,
+                            "no session socket: call graphd_hello first");
+    graphd_frame_t req = {
+        .magic = GRAPHD_FRAME_MAGIC,
+        .version = GRAPHD_FRAME_VERSION,
+        .type = type,
+        .seq = ++c->seq,
+        .id = id,
+        .arg = arg,
+    };
+    uint8_t raw[GRAPHD_FRAME_SIZE];
+    graphd_frame_encode(&req, raw);
+    int rc = send_all(c, raw, sizeof(raw), now_ms() + c->timeout_ms);
+    if (rc != GRAPHD_OK)
+        graphd__session_end(c);
+    return rc;
+}
+
+int graphd__dp_drain(graphd_client_t *c)
+{
+    struct pollfd p = {.fd = c->session_fd, .events = POLLIN};
+    while (c->session_fd >= 0 && poll(&p, 1, 0) > 0) {
+        graphd_frame_t f;
+        char msg[GRAPHD_FRAME_MAX_MSG + 1];
+        int rc = recv_frame(c, &f, msg, now_ms() + c->timeout_ms, NULL);
+        if (rc == GRAPHD_OK && f.type == GRAPHD_FRAME_ERROR)
+            rc = graphd__fail(c, f.status != 0 ? graphd_err_from_grpc(f.status) : GRAPHD_EPROTO,
+                              "graphd closed the session: %s",
+                              msg[0] != '\0' ? msg : "no reason given");
+        else if (rc == GRAPHD_OK && !take_posted_answer(c, &f, msg))
+            rc = graphd__fail(c, GRAPHD_EPROTO,
+                              "unexpected frame from graphd (type 0x%x seq %llu) between requests",
+                              (unsigned)f.type, (unsigned long long)f.seq);
+        if (rc != GRAPHD_OK) {
+            graphd__session_end(c);
+            return rc;
+        }
+    }
+    if (c->posted_err) {
+        int err = c->posted_err;
+        c->posted_err = 0;
+        return graphd__fail(c, err, "%s", c->posted_msg);
+    }
+    return GRAPHD_OK;
+}
+
 int graphd__dp_request(graphd_client_t *c, uint16_t type, uint64_t id, uint64_t arg,
                        uint64_t *arg_out, int *fd_out)
 {
@@ -207,6 +272,9 @@ int graphd__dp_exchange(graphd_client_t *c, uint16_t type, uint64_t id, uint64_t
     int fd = -1;
     spin_until_readable(c);
     rc = recv_frame(c, &rep, msg, deadline, &fd);
+    /* Answers to earlier posted replays may come first. */
+    while (rc == GRAPHD_OK && rep.seq != req.seq && take_posted_answer(c, &rep, msg))
+        rc = recv_frame(c, &rep, msg, deadline, &fd);
     if (rc != GRAPHD_OK)
         goto broken_fd;
     if (rep.type == GRAPHD_FRAME_ERROR) {

@@ -444,6 +444,11 @@ int graphd_replay(graphd_graph_t *g, int phase, uint64_t *device_ns)
         return GRAPHD_EINVALID_ARGUMENT;
     graphd_client_t *c = g->client;
     c->last_error[0] = '\0';
+    if (c->nseqs > 0) { /* a posted replay that failed is reported at the next replay call */
+        int rc = graphd__dp_drain(c);
+        if (rc != GRAPHD_OK)
+            return rc;
+    }
     /* A negative phase would become a huge one on the wire; the daemon refuses both alike. */
     return graphd__dp_request(c, GRAPHD_FRAME_REPLAY, g->id, (uint64_t)(int64_t)phase, device_ns,
                               NULL);
@@ -461,6 +466,15 @@ int graphd_replay_stream(graphd_graph_t *g, int phase, void *stream, uint64_t *l
                             "device-resident graphs (use graphd_replay)",
                             (unsigned long long)g->id);
     return graphd__cuda_replay_ordered(c, g->region->device, stream, g->id, phase, launch_ns);
+}
+
+int graphd_set_replay_posted(graphd_client_t *c, int posted)
+{
+    if (c == NULL)
+        return 0;
+    int prev = c->posted;
+    c->posted = posted != 0;
+    return prev;
 }
 
 int graphd_replay_rpc(graphd_graph_t *g, int phase, uint64_t *device_ns)

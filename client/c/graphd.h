@@ -378,14 +378,26 @@ int graphd_replay(graphd_graph_t *g, int phase, uint64_t *device_ns /* [out][opt
  * synchronisation on either side: the replay starts after the work queued on stream before this
  * call (the writes into the static tensors), and the work queued on stream after it (reads of the
  * outputs, the next writes) starts after the replay. stream is a cudaStream_t of the graph's
- * device (NULL: that device's legacy default stream). It returns once the daemon has launched the
- * replay, not when the replay has run; launch_ns gets the daemon's launch time. The first call
- * for a device exchanges a pair of CUDA IPC events with the daemon (EVENTS frame), which the
- * session keeps. Errors as graphd_replay; GRAPHD_EINVALID_ARGUMENT for a host-staged graph;
+ * device (NULL: that device's legacy default stream).
+ *
+ * By default the replay is posted: the stream writes a sequence number into counters the daemon
+ * shares with this session (CUDA stream memory operations), the REPLAY frame goes out, the
+ * stream is made to wait for the daemon's done counter, and the call returns without waiting for
+ * any answer (launch_ns gets 0). The daemon answers only a failure, which the next replay call
+ * of this client returns (GRAPHD_E* with "an earlier posted replay ... failed"), as CUDA reports
+ * asynchronous errors; the stream goes on either way. The first call for a device maps the
+ * counters (SEQ frame). With GRAPHD_REPLAY_ORDER=events in the environment, or
+ * graphd_set_replay_posted(c, 0), or where the daemon's driver lacks stream memory operations,
+ * the replay is ordered by a pair of CUDA IPC events instead and the call waits for the daemon to
+ * launch it (launch_ns: the daemon's launch time); the first such call exchanges the events
+ * (EVENTS frame). Errors as graphd_replay; GRAPHD_EINVALID_ARGUMENT for a host-staged graph;
  * GRAPHD_EFAILED_PRECONDITION when the CUDA runtime cannot be loaded or refuses.
  */
 int graphd_replay_stream(graphd_graph_t *g, int phase, void *stream /* [optional] */,
                          uint64_t *launch_ns /* [out][optional] */);
+/* 1: graphd_replay_stream posts its replays (the default), 0: it orders them by events and
+ * waits for the daemon's launch. Returns the previous setting. */
+int graphd_set_replay_posted(graphd_client_t *c, int posted);
 /* The same through the gRPC Replay RPC. */
 int graphd_replay_rpc(graphd_graph_t *g, int phase, uint64_t *device_ns /* [out][optional] */);
 /*

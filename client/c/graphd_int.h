@@ -73,6 +73,21 @@ struct graphd_client {
         void *done;  /* the daemon's, opened here: the caller's stream waits on it after */
     } events[GRAPHD__MAX_EVENT_DEVICES];
     size_t nevents;
+    /* Per CUDA device, the session's sequence counters for posted replays (cuda.c), mapped from
+     * the daemon's SEQ reply on first use. */
+    struct graphd__seqs {
+        int device;
+        void *mem;     /* the counters (GRAPHD_SEQ_*), a CUDA IPC mapping */
+        uint64_t last; /* the sequence number of the last posted replay */
+    } seqs[GRAPHD__MAX_EVENT_DEVICES];
+    size_t nseqs;
+    /* 1: graphd_replay_stream posts its replays (GRAPHD_REPLAY_POSTED); 0: it orders them by
+     * events and waits for the daemon's answer (GRAPHD_REPLAY_ORDER=events, or a daemon or
+     * driver without stream memory operations). */
+    int posted;
+    /* The first failure of a posted replay, not reported yet (the next replay call returns it). */
+    int posted_err;
+    char posted_msg[GRAPHD__ERRMSG_MAX];
 
     graphd_region_t *regions; /* open region handles, newest first */
     graphd_graph_t *graphs;   /* open graph handles, newest first */
@@ -123,6 +138,12 @@ int graphd__dp_exchange(graphd_client_t *c, uint16_t type, uint64_t id, uint64_t
  * SO_SNDTIMEO), so that a frame exchange is a plain send and receive.
  */
 int graphd__dp_set_timeouts(graphd_client_t *c, int fd);
+/* Sends a request frame without waiting for a reply (a posted REPLAY, answered only when it
+ * fails). A send failure ends the session, as in graphd__dp_exchange. */
+int graphd__dp_post(graphd_client_t *c, uint16_t type, uint64_t id, uint64_t arg);
+/* Reads, without blocking, the answers to posted replays that have come, and returns the first
+ * failure among them and any kept from before (then forgotten) as an error, else GRAPHD_OK. */
+int graphd__dp_drain(graphd_client_t *c);
 /* Closes the session socket if open. */
 void graphd__dp_close(graphd_client_t *c);
 /* Forgets the session (closing its socket, which ends it in the daemon too). */
@@ -149,7 +170,8 @@ void graphd__cuda_close(int device, void *ptr);
  * cudaStream_t): see graphd_replay_stream. */
 int graphd__cuda_replay_ordered(graphd_client_t *c, int device, void *stream, uint64_t graph_id,
                                 int phase, uint64_t *launch_ns);
-/* Destroys the session's ordering events (the session ended). */
+/* Destroys the session's ordering events and releases its sequence counters, ending any wait of
+ * this process's streams on them (the session ended). */
 void graphd__cuda_events_drop(graphd_client_t *c);
 
 /* Unmaps and frees a graph handle without telling the daemon (graphd_close). */

@@ -452,7 +452,7 @@ static void ordered_replays_without_cuda(void **state)
     assert_int_equal(dp_replay(fd, 1ull << 41, gid, GRAPHD_REPLAY_ORDERED, msg, sizeof(msg)),
                      FAILED_PRECONDITION);
     assert_non_null(strstr(msg, "EVENTS"));
-    assert_int_equal(dp_replay(fd, (1ull << 41) + 1, gid, 0x200, msg, sizeof(msg)),
+    assert_int_equal(dp_replay(fd, (1ull << 41) + 1, gid, 0x400, msg, sizeof(msg)),
                      INVALID_ARGUMENT);
     assert_non_null(strstr(msg, "flags"));
 
@@ -486,6 +486,45 @@ static void ordered_replays_without_cuda(void **state)
     assert_non_null(bystander);
     dp_send_frame(fd, GRAPHD_FRAME_EVENTS, (1ull << 41) + 3, 0, 0);
     expect_error_then_close(fd, "EVENTS without a handle");
+    session_gone(bystander, sid, gid);
+    graphd_close(c);
+    graphd_close(bystander);
+}
+
+/* Posted replays (sequence counters) on a daemon without CUDA devices: SEQ is refused with a
+ * reply; a posted REPLAY the daemon cannot take in sequence ends the session, since the client's
+ * stream would wait for its done forever otherwise. */
+static void posted_replays_without_cuda(void **state)
+{
+    fixture_t *f = *state;
+    int fd;
+    graphd_client_t *c = dp_client_with_fd(&f->h, "posted", &fd);
+    graphd_graph_t *g = capture_mlp(c, f, 0);
+    uint64_t gid = graphd_graph_id(g);
+    char msg[GRAPHD_FRAME_MAX_MSG + 1];
+    graphd_frame_t rep;
+
+    dp_send_frame(fd, GRAPHD_FRAME_SEQ, 1ull << 42, 0, 0);
+    dp_recv_frame(fd, &rep, msg, sizeof(msg));
+    assert_int_equal(rep.type, GRAPHD_FRAME_SEQ | GRAPHD_FRAME_REPLY);
+    assert_int_equal(rep.seq, 1ull << 42);
+    assert_int_equal(rep.status, NOT_FOUND);
+    assert_non_null(strstr(msg, "cuda:0"));
+    replays_fine(c, g); /* still in step */
+
+    uint64_t sid = graphd_session_id(c);
+    graphd_client_t *bystander = harness_client(&f->h, "bystander");
+    assert_non_null(bystander);
+    uint64_t arg = GRAPHD_PHASE_FORWARD | GRAPHD_REPLAY_POSTED |
+                   (0ull << GRAPHD_REPLAY_DEVICE_SHIFT) | (1ull << GRAPHD_REPLAY_SEQ_SHIFT);
+    dp_send_frame(fd, GRAPHD_FRAME_REPLAY, (1ull << 42) + 1, gid, arg);
+    dp_recv_frame(fd, &rep, msg, sizeof(msg));
+    assert_int_equal(rep.type, GRAPHD_FRAME_REPLAY | GRAPHD_FRAME_REPLY);
+    assert_int_equal(rep.seq, (1ull << 42) + 1);
+    assert_int_equal(rep.status, FAILED_PRECONDITION);
+    assert_non_null(strstr(msg, "SEQ"));
+    uint8_t more;
+    assert_int_equal(dp_read(fd, &more, 1), 0); /* EOF: the session is over */
     session_gone(bystander, sid, gid);
     graphd_close(c);
     graphd_close(bystander);
@@ -694,6 +733,7 @@ int main(void)
         cmocka_unit_test(pool_too_small_for_the_capture),
         cmocka_unit_test(unknown_and_released_graphs),
         cmocka_unit_test(ordered_replays_without_cuda),
+        cmocka_unit_test(posted_replays_without_cuda),
         cmocka_unit_test(another_sessions_graph),
         cmocka_unit_test(backward_before_forward),
         cmocka_unit_test(throwing_forward_stays_usable),

@@ -179,10 +179,22 @@ def test_device_resident_param_grads_where_the_graph_computes_them(copy_grads, m
             {t.data_ptr() for t in s.param_grads.values()})
 
 
-def test_device_resident_replays_follow_the_stream():
-    """Ordered replays (CUDA IPC events): with no host synchronisation anywhere, each replay
-    must see the input written just before it on the current stream, behind a long kernel, and
-    the reads after it must see its output."""
+@pytest.fixture
+def replay_posted(request):
+    """Sets the default client's replay ordering to request.param (True: posted, False: CUDA IPC
+    events) for the test, and back after it."""
+    client = graphd.default_client()
+    previous = client.set_replay_posted(request.param)
+    yield request.param
+    client.set_replay_posted(previous)
+
+
+@pytest.mark.parametrize("replay_posted", [True, False], indirect=True,
+                         ids=["posted", "events"])
+def test_device_resident_replays_follow_the_stream(replay_posted):
+    """Ordered replays, posted (sequence counters) or by CUDA IPC events: with no host
+    synchronisation anywhere, each replay must see the input written just before it on the
+    current stream, behind a long kernel, and the reads after it must see its output."""
     _need_cuda_here()
     scale = nn.Linear(256, 256, bias=False).cuda()
     with torch.no_grad():
@@ -204,6 +216,82 @@ def test_device_resident_replays_follow_the_stream():
     host = graphd.make_graphed_callables(nn.Linear(4, 4), (torch.randn(2, 4),), device="cuda:0")
     with pytest.raises(graphd.GraphdError):
         host._graphd_runner.graph.replay(0, stream=0)
+
+
+def test_posted_replay_failure_comes_at_a_later_call():
+    """A posted replay that fails in the daemon (a BACKWARD with no FORWARD since the last one)
+    returns at once; the stream goes on (the daemon writes its done anyway), and a later replay
+    call raises the failure, after which the session works as before."""
+    _need_cuda_here()
+    import time
+
+    torch.manual_seed(0)
+    m = nn.Linear(32, 32).cuda()
+    eager = copy.deepcopy(m)
+    x = torch.randn(4, 32, device="cuda")
+    g = graphd.make_graphed_callables(m, (x.clone(),))
+    graph = g._graphd_runner.graph
+    stream = torch.cuda.current_stream().cuda_stream
+    graph.replay(graphd._lib.PHASE_FORWARD, stream=stream)
+    graph.replay(graphd._lib.PHASE_BACKWARD, stream=stream)
+    graph.replay(graphd._lib.PHASE_BACKWARD, stream=stream)  # refused in the daemon, not here
+    torch.cuda.synchronize()  # would never return if the refused replay left done unwritten
+    time.sleep(0.5)  # the daemon's answer comes after it writes done
+    with pytest.raises(graphd.FailedPrecondition, match="earlier posted replay.*FORWARD"):
+        graph.replay(graphd._lib.PHASE_FORWARD, stream=stream)
+    out = g(x)
+    torch.testing.assert_close(out, eager(x), **RT)
+
+
+CRASHER = r"""
+import os
+import torch, torch.nn as nn
+import graphd
+m = nn.Linear(64, 64).cuda()
+g = graphd.make_graphed_callables(m, (torch.randn(8, 64, device="cuda"),))
+x = torch.randn(8, 64, device="cuda")
+torch.cuda.synchronize()
+with torch.no_grad():
+    torch.cuda._sleep(2_000_000_000)  # about a second of device time before its ready write
+    g(x)  # posted: the daemon's stream now waits for this process's ready counter
+print("posted %d" % graphd.default_client().session_id, flush=True)
+os._exit(0)  # gone before its stream writes ready
+"""
+
+
+def test_daemon_survives_a_client_dying_with_a_posted_replay(tmp_path):
+    """A client that dies with a posted replay in flight leaves the daemon's stream waiting for a
+    ready counter nobody will write; the session's end releases the counters, so the daemon
+    frees its graphs and goes on serving this process on the same device.
+
+    Not under MPS: there a client that exits with GPU work in flight puts the MPS server, and so
+    every client of it (this test process and the daemon included), into a failed state (an H200
+    run: "illegal memory access" in both, then "MPS server is not ready"), as NVIDIA documents
+    for an MPS client's early termination."""
+    _need_cuda_here()
+    import subprocess
+    import sys
+
+    from conftest import wait_for
+
+    client = graphd.default_client()
+    if next(d for d in client.devices() if d["id"] == "cuda:0")["mps"]:
+        pytest.skip("under MPS a client dying with GPU work in flight fails every MPS client")
+
+    script = tmp_path / "crasher.py"
+    script.write_text(CRASHER)
+    p = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and p.stdout.startswith("posted"), (p.stdout, p.stderr)
+    sid = int(p.stdout.split()[1])
+    assert wait_for(lambda: all(int(s["id"]) != sid for s in client.status()["sessions"]), 10.0)
+    assert wait_for(lambda: all(int(g.get("session", 0)) != sid
+                                for g in client.status().get("graphs", [])), 10.0)
+    torch.manual_seed(1)
+    m = nn.Linear(16, 16).cuda()
+    eager = copy.deepcopy(m)
+    x = torch.randn(4, 16, device="cuda")
+    g = graphd.make_graphed_callables(m, (x.clone(),))
+    torch.testing.assert_close(g(x), eager(x), **RT)
 
 
 def test_device_resident_rejects_a_mismatched_device():

@@ -107,6 +107,7 @@ _CAPTURE_PROTOS = {
     "graphd_replay": (_c.c_int, [_P, _c.c_int, _U64_P]),
     "graphd_replay_rpc": (_c.c_int, [_P, _c.c_int, _U64_P]),
     "graphd_replay_stream": (_c.c_int, [_P, _c.c_int, _P, _U64_P]),
+    "graphd_set_replay_posted": (_c.c_int, [_P, _c.c_int]),
     "graphd_graph_release": (_c.c_int, [_P]),
     # regions (graphd.Region): handles are graphd_region_t *
     "graphd_region_alloc": (_c.c_int, [_P, _c.c_char_p, _c.c_uint64, _c.POINTER(_P)]),

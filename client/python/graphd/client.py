@@ -450,6 +450,15 @@ class Client:
                 raise self._fail(rc, "Replay failed")
         return int(ns.value)
 
+    def set_replay_posted(self, posted):
+        """Stream-ordered replays posted (True, the default unless GRAPHD_REPLAY_ORDER=events):
+        ordered by sequence counters, no answer waited for, a failure raised at a later replay;
+        or (False) ordered by CUDA IPC events, each call waiting for the daemon's launch.
+        Returns the previous setting."""
+        with self._lock:
+            self._check_open()
+            return bool(_lib.capture_fn("graphd_set_replay_posted")(self._h, 1 if posted else 0))
+
     def _release_graph(self, handle):
         if _exiting:
             return  # the process is going: the daemon reclaims on EOF

@@ -38,11 +38,15 @@ Where graphd differs, and why:
 - Device-resident: when the callables' parameters and sample args are on a CUDA device, the
   static tensors are device memory the daemon allocates on that device and exports with CUDA IPC;
   the views here are CUDA tensors over the same memory (zero copy), so the optimizer updates the
-  daemon's parameters in place on the GPU. Replays are ordered on the current stream by a pair
-  of CUDA IPC events, as if the graph ran on that stream: the daemon's pool stream waits for the
-  work queued before the replay (the writes of inputs, grad-outputs and parameter updates), the
-  current stream waits for the replay before the work queued after it, and neither host waits
-  (GRAPHD_REPLAY_ORDER=sync synchronises both sides instead). The parameter gradients stay
+  daemon's parameters in place on the GPU. Replays are ordered on the current stream as if the
+  graph ran on that stream: the daemon's pool stream waits for the work queued before the replay
+  (the writes of inputs, grad-outputs and parameter updates), the current stream waits for the
+  replay before the work queued after it, and neither host waits. By default a replay is posted:
+  the two streams write and wait for sequence numbers in counters the daemon shares with the
+  session (CUDA stream memory operations), and the call returns once the REPLAY frame is sent; a
+  replay that fails in the daemon raises at a later replay, as CUDA reports asynchronous errors.
+  GRAPHD_REPLAY_ORDER=events orders by a pair of CUDA IPC events instead, each call waiting for
+  the daemon's launch; GRAPHD_REPLAY_ORDER=sync synchronises both sides. The parameter gradients stay
   where the daemon's backward graph computes them, in its graph mempool, mapped here too, so no
   step copies them (GRAPHD_COPY_PARAM_GRADS=1: the backward graph copies them into the graph's
   own memory, for comparison). A CPU module with device="cuda:N" stays host-staged: its replays
@@ -70,11 +74,14 @@ _DTYPES = {
 }
 _TORCH_DTYPES = {v: k for k, v in _DTYPES.items()}
 
-# How device-resident replays are ordered against this process's CUDA work: "events" (default)
-# or "sync" (host synchronisation on both sides; slower, for comparison and debugging).
-_ORDER = os.environ.get("GRAPHD_REPLAY_ORDER", "events")
-if _ORDER not in ("events", "sync"):
-    raise ImportError("graphd: GRAPHD_REPLAY_ORDER must be 'events' or 'sync', not %r" % _ORDER)
+# How device-resident replays are ordered against this process's CUDA work: "posted" (default:
+# sequence counters written and waited for by the streams, no answer waited for), "events"
+# (CUDA IPC events, each replay waiting for the daemon's launch; libgraphd reads the variable
+# too) or "sync" (host synchronisation on both sides; slower, for comparison and debugging).
+_ORDER = os.environ.get("GRAPHD_REPLAY_ORDER", "posted")
+if _ORDER not in ("posted", "events", "sync"):
+    raise ImportError("graphd: GRAPHD_REPLAY_ORDER must be 'posted', 'events' or 'sync', not %r"
+                      % _ORDER)
 
 # Device-resident captures: "1" has the backward graph copy each parameter gradient into the
 # graph's own region (a device copy per gradient per step) instead of leaving it in the graph
@@ -359,8 +366,9 @@ class _Runner:
         self.handed_out = []
 
     def replay(self, phase):
-        """Replays phase (after _protect_handed_out_grads). Device-resident graphs are ordered on the current stream by CUDA IPC
-        events: the replay runs after the work queued so far (the writes into the static
+        """Replays phase, after protect() of the runners whose handed-out gradients it may
+        overwrite. Device-resident graphs are ordered on the current stream (posted, or by CUDA
+        IPC events): the replay runs after the work queued so far (the writes into the static
         tensors) and before the work queued next (reads of the outputs), with no host wait
         (GRAPHD_REPLAY_ORDER=sync: host synchronisation on both sides instead, for
         comparison). Host-staged and CPU graphs: the replay has finished when this returns."""
