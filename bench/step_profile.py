@@ -67,8 +67,9 @@ def phases(model, opt, x, y, steps):
 def replays(g1, o1, g2, o2, x, y, steps):
     """Host µs of each replay call inside the step (p50 over the steps): the in-process
     CUDAGraph.replay() against graphd's ordered replay, and the daemon's own launch time for it
-    (what the daemon reports: its stream wait, graph launch and event record). The difference
-    is the messaging, the client's event calls and the daemon's wake-up."""
+    (what the daemon reports: its stream wait, graph launch and event record; 0 for posted
+    replays, which the daemon does not answer). The difference is the messaging, the client's
+    event or counter calls and the daemon's wake-up."""
     from graphd import client as gclient
     clock = time.perf_counter_ns
     rec = {}

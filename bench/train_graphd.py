@@ -8,20 +8,23 @@ modes:
 - device-resident: the model and its tensors on cuda:0 as in-process; the static tensors are the
   daemon's device memory mapped here with CUDA IPC, the optimizer updates them in place on the
   GPU, and the parameter gradients stay in the daemon's graph mempool (mapped here too). Each
-  replay is ordered on the current stream by CUDA IPC events (no host waits); the "sync" column
-  runs the same graphs ordered by host synchronisation instead (current stream synchronised
-  before the REPLAY frame, the daemon answering once its replay is done), as
-  GRAPHD_REPLAY_ORDER=sync does; the "copy" column is a second capture whose backward graph
-  copies every parameter gradient into the graph's region (GRAPHD_COPY_PARAM_GRADS=1).
+  replay is posted: ordered on the current stream by sequence counters (CUDA stream memory
+  operations), no answer waited for, no host waits. The "evt" column orders the same graphs by
+  CUDA IPC events, each replay waiting for the daemon's launch (GRAPHD_REPLAY_ORDER=events); the
+  "sync" column by host synchronisation (current stream synchronised before the REPLAY frame, the
+  daemon answering once its replay is done), as GRAPHD_REPLAY_ORDER=sync does; the "copy" column
+  is a second capture whose backward graph copies every parameter gradient into the graph's
+  region (GRAPHD_COPY_PARAM_GRADS=1).
 - host-staged: the client's model, optimizer and tensors stay on the CPU in shared host regions;
   the daemon's CUDA graphs copy inputs and parameters to the GPU and outputs and grads back.
 
 Replay round trip: a graph of `x * 2` on a float32[4] cuda tensor, p50/p99 over --replays calls
 (after 1,000 warm-up calls, in blocks of 1,000 taken in turn): in-process CUDAGraph.replay() then
-stream synchronize; graphd ordered replay (Graph.replay(stream=...): REPLAY frame plus the two
-events, through ctypes) then stream synchronize, so that it too has finished on the device; the
-same without the synchronize (what a training step waits for: the launch); graphd fast path
-unordered (Graph.replay: the daemon synchronises before it answers); graphd gRPC Replay.
+stream synchronize; graphd posted replay (Graph.replay(stream=...): counters and the REPLAY
+frame, through ctypes) then stream synchronize, so that it too has finished on the device; the
+same without the synchronize (what a training step waits for: the call); the same two ordered
+by IPC events; graphd fast path unordered (Graph.replay: the daemon synchronises before it
+answers); graphd gRPC Replay.
 
 The step times of eager, in-process graphs and the device-resident columns are taken in turns:
 --rounds rounds of --steps steps each per mode, the median round reported, so that a drift of
@@ -97,6 +100,15 @@ def bench(batch, width, depth, steps, rounds=3, host=True):
         finally:
             g4._graphd_runner.host_sync = False
     modes["graphd_resident_sync"] = step_resident_sync
+    client = graphd.default_client()
+
+    def step_resident_events():  # the same graphs, ordered by CUDA IPC events
+        client.set_replay_posted(False)
+        try:
+            modes["graphd_resident"]()
+        finally:
+            client.set_replay_posted(True)
+    modes["graphd_resident_events"] = step_resident_events
 
     # graphd, device-resident, gradients copied into the graph's region by its backward graph
     m5 = copy.deepcopy(base).cuda()
@@ -176,25 +188,34 @@ def replay_bench(replays):
 
     def rpc():
         graph.replay(0, rpc=True)
-    paths = [("in-process CUDAGraph.replay()+sync", inproc),
-             ("graphd ordered (REPLAY+events)+sync", ordered),
-             ("graphd ordered, launch only", ordered_launch),
-             ("graphd fast path, unordered (sync'd)", fast), ("graphd gRPC Replay", rpc)]
-    times = {name: [] for name, _ in paths}
+    # (name, function, replays posted): the stream-ordered ones either way
+    paths = [("in-process CUDAGraph.replay()+sync", inproc, True),
+             ("graphd posted (REPLAY+counters)+sync", ordered, True),
+             ("graphd posted, launch only", ordered_launch, True),
+             ("graphd ordered (REPLAY+events)+sync", ordered, False),
+             ("graphd ordered by events, launch only", ordered_launch, False),
+             ("graphd fast path, unordered (sync'd)", fast, True),
+             ("graphd gRPC Replay", rpc, True)]
+    client = graphd.default_client()
+    times = {name: [] for name, _, _ in paths}
     clock = time.perf_counter_ns
-    for name, fn in paths:  # warm-up
+    for name, fn, posted in paths:  # warm-up
+        client.set_replay_posted(posted)
         for _ in range(1000):
             fn()
     block = 1000
     for _ in range(max(1, replays // block)):
-        for name, fn in paths:
+        for name, fn, posted in paths:
+            client.set_replay_posted(posted)
             t = times[name]
             for _ in range(block):
                 t0 = clock()
                 fn()
                 t.append(clock() - t0)
+    client.set_replay_posted(True)
+    cur.synchronize()
     assert torch.equal(y, x * 2)
-    return [(name, len(times[name])) + quantiles(times[name]) for name, _ in paths]
+    return [(name, len(times[name])) + quantiles(times[name]) for name, _, _ in paths]
 
 
 def main():
@@ -208,19 +229,21 @@ def main():
     print("torch %s, %s" % (torch.__version__, torch.cuda.get_device_name(0)))
     print("training step (ms, median of %d rounds of %d steps) and capture (ms); /gr: over "
           "in-process graphed, /eag: over eager" % (args.rounds, args.steps))
-    print("%-14s %8s %8s %9s %6s %6s %9s %6s %9s %6s %9s %6s %8s %8s %6s %8s %6s" % (
-        "(b,w,d)", "eager", "graphed", "gd-resid", "/gr", "/eag", "gd-r-sync", "/gr", "gd-r-copy",
-        "/gr", "gd-host", "/gr", "cap-inpr", "cap-res", "ratio", "cap-host", "ratio"))
+    print("%-14s %8s %8s %9s %6s %6s %9s %6s %9s %6s %9s %6s %9s %6s %8s %8s %6s %8s %6s" % (
+        "(b,w,d)", "eager", "graphed", "gd-resid", "/gr", "/eag", "gd-r-evt", "/gr", "gd-r-sync",
+        "/gr", "gd-r-copy", "/gr", "gd-host", "/gr", "cap-inpr", "cap-res", "ratio", "cap-host",
+        "ratio"))
     for s in args.shapes:
         b, w, d = (int(v) for v in s.split(","))
         r = bench(b, w, d, args.steps, args.rounds, host=not args.no_host)
         host = r.get("graphd_host", float("nan"))
         cap_host = r.get("capture_graphd", float("nan"))
         gr = r["graphed"]
-        print("%-14s %8.3f %8.3f %9.3f %5.3fx %5.3fx %9.3f %5.2fx %9.3f %5.3fx %9.3f %5.2fx "
-              "%8.1f %8.1f %5.2fx %8.1f %5.2fx" % (
+        print("%-14s %8.3f %8.3f %9.3f %5.3fx %5.3fx %9.3f %5.3fx %9.3f %5.2fx %9.3f %5.3fx "
+              "%9.3f %5.2fx %8.1f %8.1f %5.2fx %8.1f %5.2fx" % (
                   "(%d,%d,%d)" % (b, w, d), r["eager"], gr, r["graphd_resident"],
                   r["graphd_resident"] / gr, r["graphd_resident"] / r["eager"],
+                  r["graphd_resident_events"], r["graphd_resident_events"] / gr,
                   r["graphd_resident_sync"], r["graphd_resident_sync"] / gr,
                   r["graphd_resident_copy"], r["graphd_resident_copy"] / gr, host, host / gr,
                   r["capture_inproc"], r["capture_resident"],
