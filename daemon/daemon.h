@@ -37,8 +37,7 @@ typedef struct gd_wire gd_wire_t;
 typedef struct gd_graph gd_graph_t;
 typedef struct gd_module gd_module_t;
 typedef struct gd_gpool gd_gpool_t;
-typedef struct gd_events gd_events_t;
-typedef struct gd_seqs gd_seqs_t;
+typedef struct gd_order gd_order_t;
 
 typedef struct gd_session {
     uint64_t id;
@@ -54,8 +53,7 @@ typedef struct gd_session {
     gd_conn_t *conn; /* the attached session-socket connection, or NULL */
     uint32_t graphs, modules;
     uint64_t replays;
-    gd_events_t *events; /* per CUDA device, for ordered replays (events.c) */
-    gd_seqs_t *seqs;     /* per CUDA device, for posted replays (events.c) */
+    gd_order_t *orders; /* per CUDA device, events and sequence counters (events.c) */
     struct gd_session *next;
 } gd_session_t;
 
@@ -140,33 +138,28 @@ void gd_graphs_status_free(struct Graphd__V1__StatusReply *rep);
 struct Graphd__V1__Pool;
 void gd_graphs_pool_fill(gd_daemon_t *d, struct Graphd__V1__Pool *pool);
 
-/* events.c: CUDA IPC events that order a session's replays on a device. */
+/* events.c: what orders a session's device-resident replays on a CUDA device against its
+ * client's stream: CUDA IPC events (EVENTS frame, ordered replays) or sequence counters (SEQ
+ * frame, posted replays), at most one of each per session and device. */
 struct gr_event;
-/* An EVENTS frame (payload: the client's event handle); the reply goes out on wire. */
-void gd_events_frame(gd_daemon_t *d, gd_session_t *s, gd_wire_t *wire, const graphd_frame_t *f,
-                     const uint8_t *payload);
-/* The session's events for device, or NULL when it sent no EVENTS for it. */
-gd_events_t *gd_events_find(const gd_session_t *s, const char *device);
-struct gr_event *gd_events_wait(const gd_events_t *ev); /* the client's */
-struct gr_event *gd_events_done(const gd_events_t *ev); /* the daemon's */
-/* Destroys the session's events, each on its device's worker after the replays queued there. */
-void gd_events_session_ended(gd_session_t *s);
-
-/* events.c: sequence counters that order a session's posted replays on a device. */
 struct gr_seq;
-/* A SEQ frame; the reply (the counters' IPC handle) goes out on wire. */
-void gd_seqs_frame(gd_daemon_t *d, gd_session_t *s, gd_wire_t *wire, const graphd_frame_t *f);
-/* The session's counters for device, or NULL when it sent no SEQ for it. */
-gd_seqs_t *gd_seqs_find(const gd_session_t *s, const char *device);
-/* Takes n when it is the next sequence number (the last taken plus one); false, taking nothing,
- * otherwise. */
-bool gd_seqs_take(gd_seqs_t *q, uint64_t n);
-uint64_t gd_seqs_last(const gd_seqs_t *q);
-struct gr_seq *gd_seqs_counters(const gd_seqs_t *q);
-gd_worker_t *gd_seqs_worker(const gd_seqs_t *q);
-/* Releases the session's counters at once (every wait on them ends) and destroys them on their
- * workers after what is queued there. Call before the session's graphs go. */
-void gd_seqs_session_ended(gd_session_t *s);
+typedef enum { GD_ORDER_EVENTS, GD_ORDER_SEQ } gd_order_kind_t;
+/* An EVENTS frame (payload: the client's event handle) or a SEQ frame; the reply goes out on
+ * wire. */
+void gd_order_frame(gd_daemon_t *d, gd_session_t *s, gd_wire_t *wire, const graphd_frame_t *f,
+                    const uint8_t *payload);
+/* The session's object of that kind for device, or NULL when it sent no such frame for it. */
+gd_order_t *gd_order_find(const gd_session_t *s, const char *device, gd_order_kind_t kind);
+struct gr_event *gd_order_wait(const gd_order_t *o);   /* EVENTS: the client's */
+struct gr_event *gd_order_done(const gd_order_t *o);   /* EVENTS: the daemon's */
+struct gr_seq *gd_order_counters(const gd_order_t *o); /* SEQ */
+/* SEQ: takes n when it is the next sequence number (the last taken plus one); false, taking
+ * nothing, otherwise. */
+bool gd_order_take(gd_order_t *o, uint64_t n);
+uint64_t gd_order_last(const gd_order_t *o);
+/* Releases the session's counters at once (every wait on them ends) and destroys its objects on
+ * their workers after the replays queued there. Call before the session's graphs go. */
+void gd_order_session_ended(gd_session_t *s);
 
 /* devices.c: devices[0..cpu_devices-1] are cpu:0..cpu:N-1, then come the accelerators. */
 void gd_devices_discover(gd_daemon_t *d);

@@ -1426,6 +1426,42 @@ static void replay_reply_error(gd_wire_t *wire, const graphd_frame_t *f, int sta
     gd_wire_send(wire, &r, msg, -1);
 }
 
+/* A zeroed replay job when *st is GD_OK; NULL otherwise, or with *st GD_INTERNAL and msg saying
+ * why when there is no memory. */
+static replay_job_t *replay_job_new(int *st, char *msg, size_t len)
+{
+    if (*st != GD_OK)
+        return NULL;
+    replay_job_t *j = calloc(1, sizeof *j);
+    if (j == NULL) {
+        *st = GD_INTERNAL;
+        snprintf(msg, len, "out of memory");
+    }
+    return j;
+}
+
+/* Queues j, a zeroed job for a REPLAY frame f of g with its ordering set, on g's worker. */
+static void replay_frame_submit(gd_daemon_t *d, gd_session_t *s, gd_wire_t *wire,
+                                const graphd_frame_t *f, gd_graph_t *g, int phase, uint64_t t0,
+                                replay_job_t *j)
+{
+    j->job.run = replay_frame_run;
+    j->graph = g;
+    j->phase = phase;
+    j->t0 = t0;
+    j->seq = f->seq;
+    j->wire = wire;
+    gd_wire_ref(wire);
+    s->replays++;
+    /* Device-resident replays, however ordered. Not host-staged ones or the CPU's: those clients
+     * compute on the host's cores (a CPU module, its optimizer). With the two threads polling
+     * after host-staged replays too, a host-staged (64, 512, 8) step took 13.5 ms in one H200
+     * run, against 1.9-3.4 ms in five runs without. */
+    if (g->resident)
+        replay_keep_hot(d, g->worker, t0);
+    gd_worker_submit(g->worker, &j->job);
+}
+
 /* A REPLAY with GRAPHD_REPLAY_POSTED: answered only when it fails. Whatever happens to it, its
  * sequence number ends up written to the counters' done (by the replay, or by gr_seq_skip), so
  * the client's stream never waits for it forever; a frame out of sequence ends the session,
@@ -1440,8 +1476,8 @@ static void replay_posted(gd_daemon_t *d, gd_session_t *s, gd_wire_t *wire, cons
     const uint64_t flags = f->arg & 0xff00u;
     char device[32], msg[256];
     snprintf(device, sizeof device, "cuda:%u", index);
-    gd_seqs_t *q = gd_seqs_find(s, device);
-    if (q == NULL || !gd_seqs_take(q, n)) {
+    gd_order_t *q = gd_order_find(s, device, GD_ORDER_SEQ);
+    if (q == NULL || !gd_order_take(q, n)) {
         if (q == NULL)
             snprintf(msg, sizeof msg,
                      "a posted REPLAY needs the session's sequence counters for %s (SEQ frame) "
@@ -1449,7 +1485,7 @@ static void replay_posted(gd_daemon_t *d, gd_session_t *s, gd_wire_t *wire, cons
                      device);
         else
             snprintf(msg, sizeof msg, "posted REPLAY %llu on %s out of sequence (next: %llu)",
-                     (unsigned long long)n, device, (unsigned long long)gd_seqs_last(q) + 1);
+                     (unsigned long long)n, device, (unsigned long long)gd_order_last(q) + 1);
         replay_reply_error(wire, f, GD_FAILED_PRECONDITION, msg);
         gd_session_end(d, s, msg);
         return;
@@ -1465,29 +1501,16 @@ static void replay_posted(gd_daemon_t *d, gd_session_t *s, gd_wire_t *wire, cons
         snprintf(msg, sizeof msg, "graph %llu is on %s, not %s", (unsigned long long)g->id,
                  g->worker->device, device);
     }
-    replay_job_t *j = st == GD_OK ? calloc(1, sizeof *j) : NULL;
-    if (st == GD_OK && j == NULL) {
-        st = GD_INTERNAL;
-        snprintf(msg, sizeof msg, "out of memory");
-    }
+    replay_job_t *j = replay_job_new(&st, msg, sizeof msg);
     if (st != GD_OK) {
         replay_reply_error(wire, f, st, msg);
-        if (gr_seq_skip(gd_seqs_counters(q), n) != GR_OK)
+        if (gr_seq_skip(gd_order_counters(q), n) != GR_OK)
             gd_warn("posted replay %llu on %s: %s", (unsigned long long)n, device, gr_last_error());
         return;
     }
-    j->job.run = replay_frame_run;
-    j->graph = g;
-    j->phase = (int)phase;
-    j->seqs = gd_seqs_counters(q);
+    j->seqs = gd_order_counters(q);
     j->n = n;
-    j->t0 = t0;
-    j->seq = f->seq;
-    j->wire = wire;
-    gd_wire_ref(wire);
-    s->replays++;
-    replay_keep_hot(d, g->worker, t0);
-    gd_worker_submit(g->worker, &j->job);
+    replay_frame_submit(d, s, wire, f, g, (int)phase, t0, j);
 }
 
 void gd_replay_frame(gd_daemon_t *d, gd_session_t *s, gd_wire_t *wire, const graphd_frame_t *f)
@@ -1500,14 +1523,14 @@ void gd_replay_frame(gd_daemon_t *d, gd_session_t *s, gd_wire_t *wire, const gra
     gd_graph_t *g = NULL;
     char msg[256];
     uint64_t phase = f->arg & GRAPHD_REPLAY_PHASE_MASK;
-    gd_events_t *ev = NULL;
+    gd_order_t *ev = NULL;
     int st = replay_target(d, s, f->id, phase, &g, msg, sizeof msg);
     if (st == GD_OK && (f->arg & ~(uint64_t)(GRAPHD_REPLAY_PHASE_MASK | GRAPHD_REPLAY_ORDERED))) {
         st = GD_INVALID_ARGUMENT;
         snprintf(msg, sizeof msg, "unknown REPLAY flags 0x%llx",
                  (unsigned long long)(f->arg & ~(uint64_t)GRAPHD_REPLAY_PHASE_MASK));
     } else if (st == GD_OK && (f->arg & GRAPHD_REPLAY_ORDERED)) {
-        ev = gd_events_find(s, g->worker->device);
+        ev = gd_order_find(s, g->worker->device, GD_ORDER_EVENTS);
         if (ev == NULL) {
             st = GD_FAILED_PRECONDITION;
             snprintf(msg, sizeof msg,
@@ -1515,34 +1538,14 @@ void gd_replay_frame(gd_daemon_t *d, gd_session_t *s, gd_wire_t *wire, const gra
                      g->worker->device);
         }
     }
-    replay_job_t *j = st == GD_OK ? calloc(1, sizeof *j) : NULL;
-    if (st == GD_OK && j == NULL) {
-        st = GD_INTERNAL;
-        snprintf(msg, sizeof msg, "out of memory");
-    }
+    replay_job_t *j = replay_job_new(&st, msg, sizeof msg);
     if (st != GD_OK) {
         replay_reply_error(wire, f, st, msg);
         return;
     }
-    j->job.run = replay_frame_run;
-    j->job.done = NULL;
-    j->graph = g;
-    j->phase = (int)phase;
-    j->wait = ev ? gd_events_wait(ev) : NULL;
-    j->done = ev ? gd_events_done(ev) : NULL;
-    j->t0 = t0;
-    j->seq = f->seq;
-    j->call = NULL;
-    j->wire = wire;
-    gd_wire_ref(wire);
-    s->replays++;
-    /* Device-resident replays, ordered or not. Not host-staged ones or the CPU's: those clients
-     * compute on the host's cores (a CPU module, its optimizer). With the two threads polling
-     * after host-staged replays too, a host-staged (64, 512, 8) step took 13.5 ms in one H200
-     * run, against 1.9-3.4 ms in five runs without. */
-    if (g->resident)
-        replay_keep_hot(d, g->worker, t0);
-    gd_worker_submit(g->worker, &j->job);
+    j->wait = ev ? gd_order_wait(ev) : NULL;
+    j->done = ev ? gd_order_done(ev) : NULL;
+    replay_frame_submit(d, s, wire, f, g, (int)phase, t0, j);
 }
 
 void gd_rpc_replay(void *ctx, gd_call_t *call, const ProtobufCMessage *msg)

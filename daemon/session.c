@@ -185,10 +185,8 @@ static bool on_frame(gd_conn_t *c, const graphd_frame_t *fp, const uint8_t *payl
         gd_replay_frame(c->d, c->session, c->wire, &f);
         break;
     case GRAPHD_FRAME_EVENTS:
-        gd_events_frame(c->d, c->session, c->wire, &f, payload);
-        break;
     case GRAPHD_FRAME_SEQ:
-        gd_seqs_frame(c->d, c->session, c->wire, &f);
+        gd_order_frame(c->d, c->session, c->wire, &f, payload);
         break;
     default:
         snprintf(msg, sizeof msg, "unknown frame type 0x%04x", f.type);
@@ -434,9 +432,8 @@ void gd_session_end(gd_daemon_t *d, gd_session_t *s, const char *why)
         return;
     *pp = s->next;
     d->nsessions--;
-    gd_seqs_session_ended(s); /* first: a graph's stream may wait on this client's counter */
+    gd_order_session_ended(s); /* first: a graph's stream may wait on this client's counter */
     gd_graphs_session_ended(d, s);
-    gd_events_session_ended(s);
     pm_usage_t freed = {0, 0};
     pm_reclaim_owner(d->pools, s->id, &freed);
     gd_info("session %llu (%s) ended: %s; reclaimed %u regions, %llu bytes",

@@ -496,13 +496,7 @@ void fill_info(const Callable &c, const Pool &pool, gr_graph_info_t *out)
 
 void copy_layout(const Callable &c, size_t *count, gr_tensor_desc_t *items, uint64_t *total_bytes)
 {
-    if (items != nullptr) {
-        size_t n = std::min(*count, c.layout.size());
-        std::copy(c.layout.begin(), c.layout.begin() + static_cast<ptrdiff_t>(n), items);
-        *count = n;
-    } else {
-        *count = c.layout.size();
-    }
+    copy_out(c.layout, count, items);
     if (total_bytes != nullptr)
         *total_bytes = c.total_bytes;
 }
@@ -852,6 +846,24 @@ int replay(gr_graph_t *g, int phase, const gr::Order *order, uint64_t *elapsed_n
     return GR_OK;
 }
 
+/* For a replay ordered on another process's stream (what: "an ordered replay"), whose ordering
+ * objects (objects: "events are") are on devices a and b: GR_OK, or GR_EINVAL (set) for a graph
+ * that is not device-resident or objects on another device than the graph's. */
+int check_stream_ordered(const gr_graph_t *g, const char *what, const char *objects, int a, int b)
+{
+    const gr::Callable &c = *g->callable;
+    if (!c.resident)
+        return gr__set_errorf(GR_EINVAL,
+                              "%s needs a device-resident graph (this one is host-staged: its "
+                              "replays are synchronous)",
+                              what);
+    const int index = static_cast<int>(c.device.index());
+    if (a != index || b != index)
+        return gr__set_errorf(GR_EINVAL, "the graph is on cuda:%d but its %s on cuda:%d", index,
+                              objects, a != index ? a : b);
+    return GR_OK;
+}
+
 template <typename F> int guarded_replay(gr_graph_t *g, const char *fn, F &&body)
 {
     try {
@@ -882,15 +894,9 @@ extern "C" int gr_graph_replay_ordered(gr_graph_t *g, int phase, gr_event_t *wai
 {
     if (g == nullptr || wait == nullptr || done == nullptr)
         return gr__set_error(GR_EINVAL, "gr_graph_replay_ordered: NULL argument");
-    const gr::Callable &c = *g->callable;
-    if (!c.resident)
-        return gr__set_error(GR_EINVAL, "an ordered replay needs a device-resident graph (this "
-                                        "one is host-staged: its replays are synchronous)");
-    if (wait->device != c.device.index() || done->device != c.device.index())
-        return gr__set_errorf(GR_EINVAL,
-                              "the graph is on cuda:%d but its events are on "
-                              "cuda:%d and cuda:%d",
-                              static_cast<int>(c.device.index()), wait->device, done->device);
+    int rc = check_stream_ordered(g, "an ordered replay", "events are", wait->device, done->device);
+    if (rc != GR_OK)
+        return rc;
     gr::Order order;
     order.wait = wait->event;
     order.done = done->event;
@@ -903,22 +909,19 @@ extern "C" int gr_graph_replay_posted(gr_graph_t *g, int phase, gr_seq_t *s, uin
 {
     if (s == nullptr || n == 0)
         return gr__set_error(GR_EINVAL, "gr_graph_replay_posted: NULL counters or sequence 0");
-    int rc;
+    int rc = GR_EINVAL;
     if (g == nullptr) {
-        rc = gr__set_error(GR_EINVAL, "gr_graph_replay_posted: NULL graph");
-    } else if (!g->callable->resident) {
-        rc = gr__set_error(GR_EINVAL, "a posted replay needs a device-resident graph (this one "
-                                      "is host-staged: its replays are synchronous)");
-    } else if (s->device != g->callable->device.index()) {
-        rc = gr__set_errorf(GR_EINVAL,
-                            "the graph is on cuda:%d but its sequence counters on cuda:%d",
-                            static_cast<int>(g->callable->device.index()), s->device);
+        gr__set_error(rc, "gr_graph_replay_posted: NULL graph");
     } else {
-        gr::Order order;
-        order.seq = s;
-        order.n = n;
-        rc = guarded_replay(g, "gr_graph_replay_posted",
-                            [&] { return replay(g, phase, &order, elapsed_ns); });
+        rc = check_stream_ordered(g, "a posted replay", "sequence counters are", s->device,
+                                  s->device);
+        if (rc == GR_OK) {
+            gr::Order order;
+            order.seq = s;
+            order.n = n;
+            rc = guarded_replay(g, "gr_graph_replay_posted",
+                                [&] { return replay(g, phase, &order, elapsed_ns); });
+        }
     }
     if (rc != GR_OK) {
         /* The client's stream waits for done >= n whatever happened: write it, keeping the
@@ -982,14 +985,7 @@ extern "C" int gr_graph_external(const gr_graph_t *g, size_t *count, gr_external
     try {
         if (g == nullptr || count == nullptr)
             return gr__set_error(GR_EINVAL, "gr_graph_external: NULL argument");
-        const std::vector<gr_external_t> &all = g->callable->external;
-        if (items != nullptr) {
-            size_t n = std::min(*count, all.size());
-            std::copy(all.begin(), all.begin() + static_cast<ptrdiff_t>(n), items);
-            *count = n;
-        } else {
-            *count = all.size();
-        }
+        gr::copy_out(g->callable->external, count, items);
         return GR_OK;
     } catch (const std::exception &e) {
         return gr::fail_with(e, GR_EINTERNAL);
@@ -1007,13 +1003,7 @@ extern "C" int gr_devices(size_t *count, gr_device_info_t *items)
 #ifdef GR_HAVE_CUDA
         all = gr::cuda_devices();
 #endif
-        if (items != nullptr) {
-            size_t n = std::min(*count, all.size());
-            std::copy(all.begin(), all.begin() + static_cast<ptrdiff_t>(n), items);
-            *count = n;
-        } else {
-            *count = all.size();
-        }
+        gr::copy_out(all, count, items);
         return GR_OK;
     } catch (const std::exception &e) {
         return gr::fail_with(e, GR_EINTERNAL);

@@ -18,6 +18,8 @@
 
 #include "runtime_int.h"
 
+#include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -62,6 +64,19 @@ template <typename F> auto in_context(const std::string &ctx, int default_code, 
     } catch (const std::exception &e) {
         throw Error(code_of(e, default_code), ctx + ": " + message_of(e));
     }
+}
+
+/* The two-call pattern of the C API: with items NULL, *count gets all.size(); else up to *count of
+ * them are copied to items and *count gets how many. */
+template <typename T> void copy_out(const std::vector<T> &all, size_t *count, T *items)
+{
+    if (items == nullptr) {
+        *count = all.size();
+        return;
+    }
+    size_t n = std::min(*count, all.size());
+    std::copy(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(n), items);
+    *count = n;
 }
 
 /* gr_dtype_t <-> ScalarType; from_scalar gives GR_DTYPE_INVALID for types graphd does not carry. */

@@ -167,6 +167,14 @@ static int recv_frame(graphd_client_t *c, graphd_frame_t *f, char *msg, int64_t 
     return GRAPHD_OK;
 }
 
+/* The error for an ERROR frame f (the daemon closes the session after it). */
+static int closed_by_daemon(graphd_client_t *c, const graphd_frame_t *f, const char *msg)
+{
+    int err = f->status != 0 ? graphd_err_from_grpc(f->status) : GRAPHD_EPROTO;
+    return graphd__fail(c, err, "graphd closed the session: %s",
+                        msg[0] != '\0' ? msg : graphd_strerror(err));
+}
+
 /* The answer to a posted replay, which comes only when it failed: keeps the first such failure
  * for the next replay call. 1 when f was one (consumed), 0 when not. */
 static int take_posted_answer(graphd_client_t *c, const graphd_frame_t *f, const char *msg)
@@ -182,11 +190,16 @@ static int take_posted_answer(graphd_client_t *c, const graphd_frame_t *f, const
     return 1;
 }
 
-int graphd__dp_post(graphd_client_t *c, uint16_t type, uint64_t id, uint64_t arg)
+static int no_socket(graphd_client_t *c)
 {
-    if (c->session_fd < 0)
-        return graphd__fail(c, GRAPHD_EFAILED_PRECONDITION,
-                            "no session socket: call graphd_hello first");
+    return graphd__fail(c, GRAPHD_EFAILED_PRECONDITION,
+                        "no session socket: call graphd_hello first");
+}
+
+/* Sends a request frame, the client's next seq (into *seq), with send_len bytes of message. */
+static int send_request(graphd_client_t *c, uint16_t type, uint64_t id, uint64_t arg,
+                        const void *send, size_t send_len, int64_t deadline, uint64_t *seq)
+{
     graphd_frame_t req = {
         .magic = GRAPHD_FRAME_MAGIC,
         .version = GRAPHD_FRAME_VERSION,
@@ -194,10 +207,22 @@ int graphd__dp_post(graphd_client_t *c, uint16_t type, uint64_t id, uint64_t arg
         .seq = ++c->seq,
         .id = id,
         .arg = arg,
+        .msg_len = (uint32_t)send_len,
     };
-    uint8_t raw[GRAPHD_FRAME_SIZE];
+    uint8_t raw[GRAPHD_FRAME_SIZE + GRAPHD_FRAME_MAX_MSG];
     graphd_frame_encode(&req, raw);
-    int rc = send_all(c, raw, sizeof(raw), now_ms() + c->timeout_ms);
+    if (send_len > 0)
+        memcpy(raw + GRAPHD_FRAME_SIZE, send, send_len);
+    *seq = req.seq;
+    return send_all(c, raw, GRAPHD_FRAME_SIZE + send_len, deadline);
+}
+
+int graphd__dp_post(graphd_client_t *c, uint16_t type, uint64_t id, uint64_t arg)
+{
+    if (c->session_fd < 0)
+        return no_socket(c);
+    uint64_t seq;
+    int rc = send_request(c, type, id, arg, NULL, 0, now_ms() + c->timeout_ms, &seq);
     if (rc != GRAPHD_OK)
         graphd__session_end(c);
     return rc;
@@ -211,9 +236,7 @@ int graphd__dp_drain(graphd_client_t *c)
         char msg[GRAPHD_FRAME_MAX_MSG + 1];
         int rc = recv_frame(c, &f, msg, now_ms() + c->timeout_ms, NULL);
         if (rc == GRAPHD_OK && f.type == GRAPHD_FRAME_ERROR)
-            rc = graphd__fail(c, f.status != 0 ? graphd_err_from_grpc(f.status) : GRAPHD_EPROTO,
-                              "graphd closed the session: %s",
-                              msg[0] != '\0' ? msg : "no reason given");
+            rc = closed_by_daemon(c, &f, msg);
         else if (rc == GRAPHD_OK && !take_posted_answer(c, &f, msg))
             rc = graphd__fail(c, GRAPHD_EPROTO,
                               "unexpected frame from graphd (type 0x%x seq %llu) between requests",
@@ -246,24 +269,11 @@ int graphd__dp_exchange(graphd_client_t *c, uint16_t type, uint64_t id, uint64_t
     if (fd_out != NULL)
         *fd_out = -1;
     if (c->session_fd < 0)
-        return graphd__fail(c, GRAPHD_EFAILED_PRECONDITION,
-                            "no session socket: call graphd_hello first");
+        return no_socket(c);
 
     int64_t deadline = now_ms() + c->timeout_ms;
-    graphd_frame_t req = {
-        .magic = GRAPHD_FRAME_MAGIC,
-        .version = GRAPHD_FRAME_VERSION,
-        .type = type,
-        .seq = ++c->seq,
-        .id = id,
-        .arg = arg,
-        .msg_len = (uint32_t)send_len,
-    };
-    uint8_t raw[GRAPHD_FRAME_SIZE + GRAPHD_FRAME_MAX_MSG];
-    graphd_frame_encode(&req, raw);
-    if (send_len > 0)
-        memcpy(raw + GRAPHD_FRAME_SIZE, send, send_len);
-    int rc = send_all(c, raw, GRAPHD_FRAME_SIZE + send_len, deadline);
+    uint64_t seq;
+    int rc = send_request(c, type, id, arg, send, send_len, deadline, &seq);
     if (rc != GRAPHD_OK)
         goto broken;
 
@@ -273,21 +283,19 @@ int graphd__dp_exchange(graphd_client_t *c, uint16_t type, uint64_t id, uint64_t
     spin_until_readable(c);
     rc = recv_frame(c, &rep, msg, deadline, &fd);
     /* Answers to earlier posted replays may come first. */
-    while (rc == GRAPHD_OK && rep.seq != req.seq && take_posted_answer(c, &rep, msg))
+    while (rc == GRAPHD_OK && rep.seq != seq && take_posted_answer(c, &rep, msg))
         rc = recv_frame(c, &rep, msg, deadline, &fd);
     if (rc != GRAPHD_OK)
         goto broken_fd;
     if (rep.type == GRAPHD_FRAME_ERROR) {
-        rc = graphd__fail(c, rep.status != 0 ? graphd_err_from_grpc(rep.status) : GRAPHD_EPROTO,
-                          "graphd closed the session: %s",
-                          msg[0] != '\0' ? msg : graphd_strerror(graphd_err_from_grpc(rep.status)));
+        rc = closed_by_daemon(c, &rep, msg);
         goto broken_fd;
     }
-    if (rep.type != (GRAPHD_FRAME_REPLY | type) || rep.seq != req.seq) {
+    if (rep.type != (GRAPHD_FRAME_REPLY | type) || rep.seq != seq) {
         rc = graphd__fail(c, GRAPHD_EPROTO,
                           "unexpected frame from graphd (type 0x%x seq %llu, want 0x%x seq %llu)",
                           (unsigned)rep.type, (unsigned long long)rep.seq,
-                          (unsigned)(GRAPHD_FRAME_REPLY | type), (unsigned long long)req.seq);
+                          (unsigned)(GRAPHD_FRAME_REPLY | type), (unsigned long long)seq);
         goto broken_fd;
     }
     if (rep.status != 0) {

@@ -801,14 +801,15 @@ static void test_borrowed_regions(void **state)
     assert_pm(pm_pool_delete(f->m, "gpu"), PM_EBUSY);
 
     /* Freed by its owner only, and never through the hook. */
-    assert_pm(pm_region_free(f->m, pm_region_id(b2), 1), PM_EPERM);
-    assert_pm(pm_region_free(f->m, pm_region_id(b2), 2), PM_OK);
-    assert_null(pm_region_find(f->m, pm_region_id(b2)));
+    uint64_t id1 = pm_region_id(b1), id2 = pm_region_id(b2);
+    assert_pm(pm_region_free(f->m, id2, 1), PM_EPERM);
+    assert_pm(pm_region_free(f->m, id2, 2), PM_OK);
+    assert_null(pm_region_find(f->m, id2));
     pm_usage_t got;
     pm_reclaim_owner(f->m, 1, &got);
     assert_int_equal(got.regions, 0);
     assert_int_equal(got.bytes, 0);
-    assert_null(pm_region_find(f->m, pm_region_id(b1)));
+    assert_null(pm_region_find(f->m, id1));
     assert_int_equal(freed_dev.calls, 1);
     info = info_of(p);
     assert_int_equal(info.regions, 0);
