@@ -28,6 +28,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* The client finds the counters by graphd_frame.h's layout; graph_runtime lays them out. */
+_Static_assert(GR_SEQ_BYTES == GRAPHD_SEQ_BYTES && GR_SEQ_READY_OFFSET == GRAPHD_SEQ_READY_OFFSET &&
+                   GR_SEQ_DONE_OFFSET == GRAPHD_SEQ_DONE_OFFSET &&
+                   GR_SEQ_RELEASED == GRAPHD_SEQ_RELEASED,
+               "graph_runtime's sequence counters and the wire protocol disagree");
+
 struct gd_order {
     gd_order_kind_t kind;
     char device[32]; /* "cuda:0" */

@@ -1336,21 +1336,28 @@ static void replay_account(replay_job_t *j)
     gd_hist_add(&g->pool->latency, ns);
 }
 
+/* The error reply to the REPLAY frame seq of graph id. */
+static void replay_reply_error(gd_wire_t *wire, uint64_t seq, uint64_t id, int status,
+                               const char *msg)
+{
+    graphd_frame_t r = {.magic = GRAPHD_FRAME_MAGIC,
+                        .version = GRAPHD_FRAME_VERSION,
+                        .type = GRAPHD_FRAME_REPLAY | GRAPHD_FRAME_REPLY,
+                        .seq = seq,
+                        .id = id,
+                        .status = status};
+    gd_wire_send(wire, &r, msg, -1);
+}
+
 static void replay_frame_run(gd_job_t *job)
 {
     replay_job_t *j = (replay_job_t *)job;
     if (j->seqs != NULL) {
         j->rc = gr_graph_replay_posted(j->graph->g, j->phase, j->seqs, j->n, &j->device_ns);
         replay_account(j);
-        if (j->rc != GR_OK) {
-            graphd_frame_t f = {.magic = GRAPHD_FRAME_MAGIC,
-                                .version = GRAPHD_FRAME_VERSION,
-                                .type = GRAPHD_FRAME_REPLAY | GRAPHD_FRAME_REPLY,
-                                .seq = j->seq,
-                                .id = j->graph->id,
-                                .status = gd_status_from_gr(j->rc)};
-            gd_wire_send(j->wire, &f, gr_last_error(), -1);
-        }
+        if (j->rc != GR_OK)
+            replay_reply_error(j->wire, j->seq, j->graph->id, gd_status_from_gr(j->rc),
+                               gr_last_error());
         gd_wire_unref(j->wire);
         free(j);
         return;
@@ -1414,18 +1421,6 @@ static int replay_target(gd_daemon_t *d, gd_session_t *s, uint64_t id, uint64_t 
     return GD_OK;
 }
 
-static void replay_reply_error(gd_wire_t *wire, const graphd_frame_t *f, int status,
-                               const char *msg)
-{
-    graphd_frame_t r = {.magic = GRAPHD_FRAME_MAGIC,
-                        .version = GRAPHD_FRAME_VERSION,
-                        .type = GRAPHD_FRAME_REPLAY | GRAPHD_FRAME_REPLY,
-                        .seq = f->seq,
-                        .id = f->id,
-                        .status = status};
-    gd_wire_send(wire, &r, msg, -1);
-}
-
 /* A zeroed replay job when *st is GD_OK; NULL otherwise, or with *st GD_INTERNAL and msg saying
  * why when there is no memory. */
 static replay_job_t *replay_job_new(int *st, char *msg, size_t len)
@@ -1473,7 +1468,7 @@ static void replay_posted(gd_daemon_t *d, gd_session_t *s, gd_wire_t *wire, cons
     const unsigned index =
         (unsigned)((f->arg >> GRAPHD_REPLAY_DEVICE_SHIFT) & GRAPHD_REPLAY_DEVICE_MASK);
     const uint64_t n = f->arg >> GRAPHD_REPLAY_SEQ_SHIFT;
-    const uint64_t flags = f->arg & 0xff00u;
+    const uint64_t flags = f->arg & GRAPHD_REPLAY_FLAGS_MASK;
     char device[32], msg[256];
     snprintf(device, sizeof device, "cuda:%u", index);
     gd_order_t *q = gd_order_find(s, device, GD_ORDER_SEQ);
@@ -1486,7 +1481,7 @@ static void replay_posted(gd_daemon_t *d, gd_session_t *s, gd_wire_t *wire, cons
         else
             snprintf(msg, sizeof msg, "posted REPLAY %llu on %s out of sequence (next: %llu)",
                      (unsigned long long)n, device, (unsigned long long)gd_order_last(q) + 1);
-        replay_reply_error(wire, f, GD_FAILED_PRECONDITION, msg);
+        replay_reply_error(wire, f->seq, f->id, GD_FAILED_PRECONDITION, msg);
         gd_session_end(d, s, msg);
         return;
     }
@@ -1503,7 +1498,7 @@ static void replay_posted(gd_daemon_t *d, gd_session_t *s, gd_wire_t *wire, cons
     }
     replay_job_t *j = replay_job_new(&st, msg, sizeof msg);
     if (st != GD_OK) {
-        replay_reply_error(wire, f, st, msg);
+        replay_reply_error(wire, f->seq, f->id, st, msg);
         if (gr_seq_skip(gd_order_counters(q), n) != GR_OK)
             gd_warn("posted replay %llu on %s: %s", (unsigned long long)n, device, gr_last_error());
         return;
@@ -1540,7 +1535,7 @@ void gd_replay_frame(gd_daemon_t *d, gd_session_t *s, gd_wire_t *wire, const gra
     }
     replay_job_t *j = replay_job_new(&st, msg, sizeof msg);
     if (st != GD_OK) {
-        replay_reply_error(wire, f, st, msg);
+        replay_reply_error(wire, f->seq, f->id, st, msg);
         return;
     }
     j->wait = ev ? gd_order_wait(ev) : NULL;

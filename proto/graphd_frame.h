@@ -38,8 +38,9 @@ enum graphd_frame_type {
 
 #define GRAPHD_IPC_HANDLE_SIZE 64 /* a cudaIpcMemHandle_t or cudaIpcEventHandle_t */
 
-/* REPLAY arg: the phase in the low byte, flags above it. */
+/* REPLAY arg: the phase in the low byte, flags in the next. */
 #define GRAPHD_REPLAY_PHASE_MASK 0xffu
+#define GRAPHD_REPLAY_FLAGS_MASK 0xff00u
 /* The daemon orders the replay by the session's events for the graph's device (EVENTS): the
  * pool's stream waits on the client's event, the daemon records its own after the graph and
  * replies without waiting for the device. Device-resident graphs only. */
@@ -65,6 +66,8 @@ enum graphd_frame_type {
 #define GRAPHD_SEQ_BYTES 256
 #define GRAPHD_SEQ_READY_OFFSET 0  /* written by the client's stream */
 #define GRAPHD_SEQ_DONE_OFFSET 128 /* written by the daemon's stream */
+/* What either side writes to end every wait on the counters when the session ends. */
+#define GRAPHD_SEQ_RELEASED (UINT64_C(1) << 62)
 
 /* status in replies is a gRPC status code, so both planes report errors alike. */
 typedef struct graphd_frame {

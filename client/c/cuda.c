@@ -317,7 +317,7 @@ static void seqs_release(graphd_client_t *c)
         void *stream = NULL;
         if (err == 0 && rt.stream_create(&stream, CUDA_STREAM_NON_BLOCKING) == 0) {
             unsigned long long mem = (unsigned long long)(uintptr_t)q->mem;
-            (void)rt.write_value64(stream, mem + GRAPHD_SEQ_DONE_OFFSET, UINT64_C(1) << 62,
+            (void)rt.write_value64(stream, mem + GRAPHD_SEQ_DONE_OFFSET, GRAPHD_SEQ_RELEASED,
                                    CU_STREAM_WRITE_VALUE_DEFAULT);
             (void)rt.stream_destroy(stream);
         }

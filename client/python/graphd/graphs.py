@@ -46,10 +46,10 @@ Where graphd differs, and why:
   session (CUDA stream memory operations), and the call returns once the REPLAY frame is sent; a
   replay that fails in the daemon raises at a later replay, as CUDA reports asynchronous errors.
   GRAPHD_REPLAY_ORDER=events orders by a pair of CUDA IPC events instead, each call waiting for
-  the daemon's launch; GRAPHD_REPLAY_ORDER=sync synchronises both sides. The parameter gradients stay
-  where the daemon's backward graph computes them, in its graph mempool, mapped here too, so no
-  step copies them (GRAPHD_COPY_PARAM_GRADS=1: the backward graph copies them into the graph's
-  own memory, for comparison). A CPU module with device="cuda:N" stays host-staged: its replays
+  the daemon's launch; GRAPHD_REPLAY_ORDER=sync synchronises both sides. The parameter
+  gradients stay where the daemon's backward graph computes them, in its graph mempool, mapped
+  here too, so no step copies them (GRAPHD_COPY_PARAM_GRADS=1: the backward graph copies them
+  into the graph's own memory, for comparison). A CPU module with device="cuda:N" stays host-staged: its replays
   have finished when they return.
 """
 import ctypes
