@@ -52,10 +52,10 @@ Where graphd differs, and why:
   into the graph's own memory, for comparison). A CPU module with device="cuda:N" stays host-staged: its replays
   have finished when they return.
 """
+import copy
 import ctypes
-import io
+import operator
 import os
-import tempfile
 import warnings
 import weakref
 
@@ -65,6 +65,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from . import _lib
 from .client import PoolHandle, default_client, graph_pool_handle, normalize_device
 from .errors import PerformanceWarning, make_error
+from .tracing import WRAPPED, callable_name, trace as _trace
 
 _DTYPES = {
     torch.float32: _lib.DTYPE_FLOAT32, torch.float64: _lib.DTYPE_FLOAT64,
@@ -104,51 +105,6 @@ _ARGS_MSG = ("In the beta API, sample_args for each callable must contain only T
 _AUTOCAST_MSG = ("make_graphed_callables does not support the autocast caching. Please set "
                  "`cache_enabled=False`.")
 
-_WRAPPED = "m."  # prefix of the user's module inside _FlatCall
-
-
-class _FlatCall(torch.nn.Module):
-    """Calls the user's callable with its args rebuilt from flat tensors and returns the outputs
-    flattened, so the traced archive's forward takes and returns flat tensors (what the daemon's
-    Capture describes), whatever pytree structure the user's callable has."""
-
-    def __init__(self, func, in_spec):
-        super().__init__()
-        if isinstance(func, torch.nn.Module):
-            self.m = func
-        else:
-            self.__dict__["fn"] = func  # a plain attribute, never a submodule
-        self.__dict__["in_spec"] = in_spec
-        self.__dict__["out_spec"] = None
-
-    def forward(self, *flat):
-        args = tree_unflatten(list(flat), self.in_spec)
-        out = (self.m if "m" in self._modules else self.fn)(*args)
-        leaves, self.__dict__["out_spec"] = tree_flatten(out)
-        return tuple(leaves)
-
-
-class _Unchanged:
-    """Runs a block without leaving a trace in module state or the RNG stream: buffers (BatchNorm
-    running stats) are restored and the CPU RNG is forked, so tracing is invisible to the user's
-    training run."""
-
-    def __init__(self, func):
-        self.buffers = list(func.buffers()) if isinstance(func, torch.nn.Module) else []
-
-    def __enter__(self):
-        with torch.no_grad():
-            self.saved = [b.clone() for b in self.buffers]
-        self.rng = torch.random.fork_rng(devices=[])
-        self.rng.__enter__()
-
-    def __exit__(self, *exc):
-        self.rng.__exit__(*exc)
-        with torch.no_grad():
-            for b, s in zip(self.buffers, self.saved):
-                b.copy_(s)
-
-
 def _autocast_enabled():
     """Upstream's check (CUDA autocast), and CPU autocast: graphd's graphs run on the CPU."""
     if torch.is_autocast_enabled():
@@ -157,74 +113,6 @@ def _autocast_enabled():
         return torch.is_autocast_enabled("cpu")  # torch >= 2.4
     except TypeError:
         return torch.is_autocast_cpu_enabled()
-
-
-def _callable_name(func):
-    if isinstance(func, torch.nn.Module):
-        return type(func).__name__
-    return getattr(func, "__name__", None) or type(func).__name__
-
-
-def _trace(func, args, flat_args):
-    """(archive bytes, output spec, parameter name prefix in the archive)."""
-    as_is = (isinstance(func, torch.jit.ScriptModule) and isinstance(args, tuple)
-             and len(args) == len(flat_args) and all(isinstance(a, torch.Tensor) for a in args))
-    with _Unchanged(func):
-        if as_is:
-            with torch.no_grad():
-                out_spec = tree_flatten(func(*args))[1]
-            scripted, prefix = func, ""
-        else:
-            wrapper = _FlatCall(func, tree_flatten(args)[1])
-            if isinstance(func, torch.nn.Module):
-                wrapper.training = func.training  # not .train(): keeps the submodules' own modes
-            scripted = torch.jit.trace(wrapper, tuple(flat_args), check_trace=False)
-            out_spec, prefix = wrapper.out_spec, _WRAPPED
-    with _ParametersLeftOut(scripted):
-        archive = _archive(scripted)
-    return archive, out_spec, prefix
-
-
-class _ParametersLeftOut:
-    """While saving the archive, each parameter of the traced module is a one-element tensor
-    expanded to its shape (stride 0), so the archive carries the module's code, shapes and
-    buffers but not its weights: the daemon needs only their shapes (its warm-up and capture
-    record kernels, not values), and the client copies the user's parameters into the static
-    PARAM tensors when it binds them, which it does anyway. A (256, 4096, 8) MLP's archive goes
-    from 537 MB to kilobytes, and with it the save, the copy into the region, the daemon's SHA-256
-    and torch::jit::load. The traced module shares its parameters with the user's module, so
-    they are restored at once."""
-
-    def __init__(self, scripted):
-        self.params = list({id(p): p for p in scripted.parameters()}.values())
-
-    def __enter__(self):
-        self.saved = [p.data for p in self.params]
-        for p in self.params:
-            p.data = torch.zeros((), dtype=p.dtype, device=p.device).expand(p.shape)
-
-    def __exit__(self, *exc):
-        for p, data in zip(self.params, self.saved):
-            p.data = data
-
-
-def _archive(scripted):
-    """torch.jit.save's archive of scripted, as bytes. Saved to a file (in memory where /dev/shm
-    exists) that libtorch writes itself: saving to a BytesIO goes through save_to_buffer and
-    Python's writes, about ten times slower (an 8 MB MLP: 10 ms against 120 ms). The file is
-    called "archive", the name torch.jit.save gives a buffer's archive, so the bytes are the same
-    (and so is their SHA-256, which the daemon's module cache goes by)."""
-    shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
-    try:
-        with tempfile.TemporaryDirectory(prefix="graphd-", dir=shm) as d:
-            path = os.path.join(d, "archive")
-            torch.jit.save(scripted, path)
-            with open(path, "rb") as f:
-                return f.read()
-    except (OSError, RuntimeError):  # nowhere to write (a save error comes back below)
-        buf = io.BytesIO()
-        torch.jit.save(scripted, buf)
-        return buf.getvalue()
 
 
 def _spec(t, i, j):
@@ -345,15 +233,27 @@ class _Runner:
     """What one graphed callable's autograd Function needs: the graph, its static tensors, the
     user's parameters (in PARAM order) and the output structure."""
 
-    def __init__(self, graph, static, n_args, module_params, out_spec, module_buffers=()):
+    def __init__(self, graph, static, n_args, module_params, out_spec, module_buffers=(),
+                 slots=()):
         self.graph = graph
         self.static = static
         self.n_args = n_args
         self.module_params = tuple(module_params)
         # Buffers that live in another graph's static tensor (a module shared by two callables
-        # of one call): copied in before each FORWARD and back after it.
+        # of one call): copied in before each FORWARD and back after it. The others live in this
+        # graph's: a buffer found elsewhere at a call was converted (module.double()) since.
         self.mirrored_buffers = [(view, b) for view, b in zip(static.buffers, module_buffers)
                                  if not _same_tensor(view, b)]
+        self.own_buffers = [(view, b) for view, b in zip(static.buffers, module_buffers)
+                            if _same_tensor(view, b)]
+        # (module, attribute, tensor, "_parameters" or "_buffers") of the module's parameters and
+        # buffers at capture: one replaced since (module.w = nn.Parameter(...)) is an error.
+        self.slots = tuple(slots)
+        # Forwards so far, and the forward whose saved activations a BACKWARD already used: the
+        # graph keeps one set of saved activations, so only the last forward can be
+        # backpropagated, once (checked before the daemon is asked).
+        self.forwards = 0
+        self.backpropagated = 0
         self.out_spec = out_spec
         self.no_grad_outputs = [k for k, rg in enumerate(static.output_requires_grad) if not rg]
         # Device-resident: the CUDA device whose current stream orders the replays.
@@ -396,7 +296,35 @@ class _Runner:
         self.handed_out = []
         _EXPOSED.discard(self)
 
+    def check_module(self):
+        """Raises when a parameter or buffer of the module was replaced since capture, or the
+        module was converted (module.double(), .half(), .to(device)): the graph would go on
+        training its static tensors, not the module's."""
+        for mod, attr, t, kind in self.slots:
+            now = getattr(mod, kind).get(attr)
+            if now is not t:
+                if now is not None and (now.dtype, now.device) != (t.dtype, t.device):
+                    _converted("parameter" if kind == "_parameters" else "buffer", now, t)
+                raise RuntimeError(
+                    "graphd: %s %r of the graphed module was replaced after "
+                    "make_graphed_callables (the graph reads the tensor it was captured with). "
+                    "Update it in place (with torch.no_grad(): p.copy_(new)), or graph the module "
+                    "again" % ("parameter" if kind == "_parameters" else "buffer", attr))
+        for view, b in self.own_buffers:
+            if b.data_ptr() != view.data_ptr():
+                _converted("buffer", b, view)
+
+    def __deepcopy__(self, memo):
+        raise TypeError("graphd: a graphed function cannot be copied: it replays graphs that "
+                        "live in the daemon. Copy the original function and graph the copy")
+
+    def __reduce_ex__(self, protocol):
+        raise TypeError("graphd: a graphed function cannot be pickled: it replays graphs that "
+                        "live in the daemon. Pickle the original function")
+
     def __call__(self, *user_args, **user_kwargs):
+        if self.slots:
+            self.check_module()
         if user_kwargs:
             raise TypeError("graphd: a graphed callable takes its args as in sample_args "
                             "(positional only), not keyword args %s" % sorted(user_kwargs))
@@ -407,6 +335,26 @@ class _Runner:
         out = _Graphed.apply(self, *(tuple(flat) + self.module_params))
         return tree_unflatten(list(out), self.out_spec)
 
+
+def _converted(what, t, static):
+    raise RuntimeError(
+        "graphd: a %s of the graphed module is now %s on %s, but the graph was captured with %s "
+        "on %s: the module was converted (e.g. .double(), .half(), .to(device)) after "
+        "make_graphed_callables. Convert it before graphing, and graph it again" %
+        (what, t.dtype, t.device, static.dtype, static.device))
+
+
+_BACKWARD_TWICE = (
+    "graphd: trying to backward through the graphed callable a second time since its last "
+    "forward. A graph keeps one set of saved activations, which its backward uses up (as "
+    "backward with retain_graph=False frees them in eager PyTorch): run the forward again before "
+    "each backward")
+_BACKWARD_STALE = (
+    "graphd: this backward belongs to a forward of the graphed callable that a later call of it "
+    "(with or without grad, e.g. under torch.no_grad()) has overwritten. A graph keeps one set "
+    "of saved activations, those of its last forward: run each backward before the next call of "
+    "the same graphed callable, or make extra forwards with the eager module (module.eval() "
+    "runs the original forward)")
 
 _RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # looked up once
 
@@ -432,6 +380,11 @@ class _Graphed(torch.autograd.Function):
         # same Parameter is shared with another graphed callable (or was rebound since).
         for k, (static, x) in enumerate(zip(s.inputs, inputs)):
             if not _same_tensor(static, x):
+                if x.dtype != static.dtype:  # copy_ would cast it silently
+                    raise RuntimeError(
+                        "graphd: arg %d has dtype %s, but the callable was captured with %s; "
+                        "convert it (x.to(%s)), or capture another graph for %s" %
+                        (k, x.dtype, static.dtype, static.dtype, x.dtype))
                 if x.device != static.device:  # copy_ would move it between devices silently
                     raise RuntimeError(
                         "graphd: arg %d is on %s, but the graph's static inputs are on %s (it "
@@ -443,11 +396,17 @@ class _Graphed(torch.autograd.Function):
                                                              tuple(static.shape)))
                 static.copy_(x)
         for static, p in zip(s.params, inputs[runner.n_args:]):
-            if static.data_ptr() != p.data_ptr():
+            if static.data_ptr() != p.data_ptr():  # shared with another graphed callable
+                if (p.dtype, p.device, p.shape) != (static.dtype, static.device, static.shape):
+                    _converted("parameter", p, static)
                 static.copy_(p)
         for static, b in runner.mirrored_buffers:
+            if (b.dtype, b.device, b.shape) != (static.dtype, static.device, static.shape):
+                _converted("buffer", b, static)
             static.copy_(b)
         runner.replay(_lib.PHASE_FORWARD)
+        runner.forwards += 1
+        ctx.forward = runner.forwards
         for static, b in runner.mirrored_buffers:
             b.copy_(static)
         outs = tuple(o.detach() for o in s.outputs)
@@ -460,6 +419,11 @@ class _Graphed(torch.autograd.Function):
     def backward(ctx, *grads):
         runner = ctx.runner
         s = runner.static
+        if ctx.forward != runner.forwards:
+            raise make_error("FAILED_PRECONDITION", _BACKWARD_STALE)
+        if runner.backpropagated == ctx.forward:
+            raise make_error("FAILED_PRECONDITION", _BACKWARD_TWICE)
+        runner.backpropagated = ctx.forward
         need = ctx.needs_input_grad
         params = runner.module_params
         for k, static in s.grad_outputs.items():
@@ -548,6 +512,45 @@ def _cuda_device(callables, flatten_sample_args, device):
     return name
 
 
+def _graphed_class(cls):
+    """The class a graphed module gets (as torch.nn.utils.parametrize does): cls under its own
+    name, whose deepcopy and pickle give an eager copy of the module (its class, parameters,
+    buffers and state, without the graphs), since the graphs live in the daemon and cannot be
+    copied."""
+    base = getattr(cls, "_graphd_eager_class", cls)
+    sub = _GRAPHED_CLASSES.get(base)
+    if sub is None:
+        sub = type(base.__name__, (base,), {
+            "_graphd_eager_class": base, "__module__": base.__module__,
+            "__qualname__": base.__qualname__, "__deepcopy__": _eager_deepcopy,
+            "__reduce_ex__": _eager_reduce_ex})
+        _GRAPHED_CLASSES[base] = sub
+    return sub
+
+
+_GRAPHED_CLASSES = {}
+
+
+def _eager_deepcopy(module, memo):
+    """A deep copy of a graphed module as the eager module it was: the graphed forward and the
+    runner are left out and the copy has the module's own class."""
+    state = module.__dict__
+    saved = {k: state.pop(k) for k in ("forward", "_graphd_runner") if k in state}
+    cls = module.__class__
+    module.__class__ = cls._graphd_eager_class
+    try:
+        return copy.deepcopy(module, memo)
+    finally:
+        module.__class__ = cls
+        state.update(saved)
+
+
+def _eager_reduce_ex(module, protocol):
+    """Pickles the eager copy, unpickled by operator.getitem (the standard library's) so that
+    loading it needs no graphd."""
+    return operator.getitem, ([_eager_deepcopy(module, {})], 0)
+
+
 def _bind_params(func, prefix, static, graph_id, bound):
     """The user's Parameters in PARAM order; each rebound to its static view (values copied in
     first) unless an earlier callable of this call already bound it."""
@@ -594,18 +597,33 @@ def _warm_up_buffers(func, args, num_warmup_iters):
             func(*args)
 
 
-def _bind_buffers(func, prefix, static, graph_id, bound):
+def _slots(func, names, prefix, kind):
+    """(owning module, attribute name, tensor) for each of func's parameters or buffers named
+    in names (archive names, prefix included), for _Runner.check_module."""
+    slots = []
+    for name in names:
+        if not name.startswith(prefix):
+            continue  # a Python-side tensor's buffer (tracing.FREE): no attribute of func's
+        path, _, attr = name[len(prefix):].rpartition(".")
+        mod = func.get_submodule(path) if path else func
+        slots.append((mod, attr, getattr(mod, kind)[attr], kind))
+    return slots
+
+
+def _bind_buffers(func, prefix, static, graph_id, bound, free=()):
     """The user's buffers in BUFFER order, as _bind_params does for parameters: each rebound to
     its static view (values copied in first), so the running stats every FORWARD updates are the
     module's own (eval-mode fallback, state_dict) and a write to a buffer (load_state_dict) is
     what the next replay reads. A buffer of a dtype graphd does not carry has no BUFFER tensor
-    and stays local."""
-    if not isinstance(func, torch.nn.Module):
-        return []
-    try:  # every name of a buffer registered under several (the trace keeps them all)
-        named = dict((prefix + n, b) for n, b in func.named_buffers(remove_duplicate=False))
-    except TypeError:  # torch < 2.0
-        named = dict((prefix + n, b) for n, b in func.named_buffers())
+    and stays local. free: the Python-side tensors that the trace made buffers of its wrapper
+    ([(buffer name, tensor)], tracing.trace), bound the same way: the user's tensor then lives in
+    the static tensor, so an in-place update to it is what the next replay reads."""
+    named = dict(free)
+    if isinstance(func, torch.nn.Module):
+        try:  # every name of a buffer registered under several (the trace keeps them all)
+            named.update((prefix + n, b) for n, b in func.named_buffers(remove_duplicate=False))
+        except TypeError:  # torch < 2.0
+            named.update((prefix + n, b) for n, b in func.named_buffers())
     buffers = []
     for name in static.buffer_names:
         b = named.get(name)
@@ -695,9 +713,9 @@ def make_graphed_callables(callables, sample_args, num_warmup_iters=3, allow_unu
     module_ids = []
     try:
         for func, args, flat in zip(callables, sample_args, flatten_sample_args):
-            archive, out_spec, prefix = _trace(func, tuple(args), flat)
-            module_ids.append(client.register_module(archive, _callable_name(func)))
-            traced.append((out_spec, prefix))
+            archive, out_spec, prefix, free = _trace(func, tuple(args), flat, _DTYPES)
+            module_ids.append(client.register_module(archive, callable_name(func)))
+            traced.append((out_spec, prefix, free))
         graphs = client.capture([(mid, None, a) for mid, a in zip(module_ids, arg_specs)],
                                 num_warmup_iters=num_warmup_iters,
                                 allow_unused_input=allow_unused_input, pool=pool,
@@ -721,13 +739,17 @@ def make_graphed_callables(callables, sample_args, num_warmup_iters=3, allow_unu
 
     ret = []
     bound = set()
-    for func, flat, graph, (out_spec, prefix) in zip(callables, flatten_sample_args, graphs,
-                                                     traced):
+    for func, flat, graph, (out_spec, prefix, free) in zip(callables, flatten_sample_args,
+                                                           graphs, traced):
         static = _Static(graph, len(flat))
         params = _bind_params(func, prefix, static, graph.id, bound)
-        buffers = _bind_buffers(func, prefix, static, graph.id, bound)
+        buffers = _bind_buffers(func, prefix, static, graph.id, bound, free)
         _bind_sample_args(flat, static, bound)
-        graphed = _Runner(graph, static, len(flat), params, out_spec, buffers)
+        slots = []
+        if isinstance(func, torch.nn.Module) and not isinstance(func, torch.jit.ScriptModule):
+            slots = (_slots(func, static.param_names, prefix, "_parameters")
+                     + _slots(func, static.buffer_names, prefix, "_buffers"))
+        graphed = _Runner(graph, static, len(flat), params, out_spec, buffers, slots)
 
         if isinstance(func, torch.nn.Module):
             def make_graphed_forward(func, graph_training_state, graphed, orig_fwd):
@@ -740,6 +762,8 @@ def make_graphed_callables(callables, sample_args, num_warmup_iters=3, allow_unu
                 return new_fwd
             func.forward = make_graphed_forward(func, func.training, graphed, func.forward)
             func._graphd_runner = graphed  # the graph and its static tensors, for inspection
+            if not isinstance(func, torch.jit.ScriptModule):
+                func.__class__ = _graphed_class(type(func))
             ret.append(func)
         else:
             ret.append(graphed)
