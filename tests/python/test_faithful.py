@@ -163,6 +163,32 @@ def test_tensors_made_in_forward_stay_constants():
     assert not g.static.buffers
 
 
+@pytest.mark.parametrize("op", ["mask", "nonzero", "unique"])
+def test_value_dependent_shapes_are_refused(op):
+    def f(x):
+        if op == "mask":
+            return x[x > 0] * 2
+        if op == "nonzero":
+            return x.nonzero().float()
+        return torch.unique(x)
+
+    with pytest.raises(graphd.InvalidArgument) as e:
+        graphd.make_graphed_callables(f, (torch.tensor([1.0, -1.0, 2.0, -3.0]),))
+    assert "depends on tensor values" in str(e.value) and "test_faithful.py" in str(e.value)
+
+
+def test_masked_writes_keep_their_shape_and_are_allowed():
+    def f(x):
+        y = x.clone()
+        y[y < 0] = 0.0  # index_put with a mask: the shape stays
+        return y * 2
+
+    x = torch.tensor([1.0, -1.0, 2.0, -3.0])
+    g = graphd.make_graphed_callables(f, (x,))
+    x2 = torch.tensor([-1.0, 5.0, -2.0, 3.0])
+    close(g(x2), torch.tensor([0.0, 10.0, 0.0, 6.0]))
+
+
 def test_batchnorm_with_cumulative_average_is_refused():
     m = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4, momentum=None))
     with pytest.raises(graphd.InvalidArgument) as e:

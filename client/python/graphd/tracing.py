@@ -206,6 +206,15 @@ def _nodes(graph):
             stack.extend(node.blocks())
 
 
+def _where(node):
+    """The innermost line of the user's code in node's traceback ("file(line): function")."""
+    lines = [ln.strip() for ln in node.sourceRange().split("\n") if ln.strip()]
+    for ln in lines:
+        if not os.path.abspath(ln).startswith(_TORCH_DIR + os.sep):
+            return ln
+    return lines[0] if lines else "an unknown line"
+
+
 def _python_side_tensors(scripted):
     """The tensors frozen into the trace as constants that Python holds elsewhere (a module's
     __dict__, a closure cell, a global, a container), each once. A tensor that the callable made
@@ -217,7 +226,7 @@ def _python_side_tensors(scripted):
             t = node.t("value")
             if id(t) not in where:
                 consts.append(t)
-                where[id(t)] = node.sourceRange().split("\n")[0].strip()
+                where[id(t)] = _where(node)
     if not consts:
         return []
     held = set()
@@ -228,8 +237,31 @@ def _python_side_tensors(scripted):
 
 
 def _python_ops(scripted):
-    return [(node.pyname(), node.sourceRange().split("\n")[0].strip())
+    return [(node.pyname(), _where(node))
             for node in _nodes(scripted.inlined_graph) if node.kind() == "prim::PythonOp"]
+
+
+# Ops whose result's shape depends on tensor values (upstream's capture refuses them: they
+# synchronise with the host); aten::index is one when an index is a mask.
+_VALUE_SHAPED = frozenset(("aten::nonzero", "aten::nonzero_numpy", "aten::argwhere",
+                           "aten::masked_select", "aten::unique", "aten::_unique",
+                           "aten::_unique2", "aten::unique_dim", "aten::unique_consecutive"))
+
+
+def _value_shaped_ops(scripted):
+    found = []
+    for node in _nodes(scripted.inlined_graph):
+        kind = node.kind()
+        if kind == "aten::index":
+            indices = list(node.inputs())[1].node().inputs()
+            if not any(isinstance(v.type(), torch._C.TensorType)
+                       and v.type().scalarType() in ("Bool", "Byte") for v in indices):
+                continue
+            kind = "indexing with a mask"
+        elif kind not in _VALUE_SHAPED:
+            continue
+        found.append("%s at %s" % (kind, _where(node)))
+    return found
 
 
 def _refuse(name, what, fix):
@@ -320,6 +352,12 @@ def trace(func, args, flat_args, dtypes):
                         "there" % "; ".join("%s at %s" % op for op in ops),
                         "Write it with torch operations (autograd then derives its backward), or "
                         "graph this callable in-process with torch.cuda.make_graphed_callables")
+            shaped = _value_shaped_ops(scripted)
+            if shaped:
+                _refuse(name, "the shape of a result depends on tensor values (%s), and a graph "
+                        "has fixed shapes" % "; ".join(shaped),
+                        "Use operations of fixed shape instead (torch.where(mask, x, 0), "
+                        "masked_fill, a sum over x * mask)")
             out_spec, prefix = wrapper.out_spec, WRAPPED
     with _ParametersLeftOut(scripted):
         archive = _archive(scripted)
