@@ -13,7 +13,9 @@
  * static tensors live in caller blocks (so parameters and buffers are rebound to caller memory:
  * the client sees the running stats each replay updates, as upstream's module does), and the
  * last warm-up iteration learns output shapes and which gradients are absent (without warm-up, a
- * probe iteration does, with buffers restored so it leaves no trace in module state).
+ * probe iteration does, with buffers restored so it leaves no trace in module state). A
+ * callable whose method uses random ops gets its family's generator state as a static tensor
+ * (RNG_STATE), so that its random numbers follow the client's generator, not the daemon's.
  */
 #include "engine_int.h"
 
@@ -24,6 +26,8 @@
 #include <unordered_set>
 
 #include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/jit/ir/ir.h>
+#include <torch/csrc/jit/passes/inliner.h>
 #include <torch/csrc/jit/runtime/graph_executor.h>
 
 namespace gr
@@ -266,7 +270,7 @@ void add_static(Callable &c, int role, size_t index, const std::string &name, c1
 }
 
 /* Block order: inputs, outputs, grad-outputs, grad-inputs, parameters, parameter grads,
- * buffers. */
+ * buffers, the generator state. */
 void build_layout(Callable &c)
 {
     c.layout.clear();
@@ -303,7 +307,71 @@ void build_layout(Callable &c)
     for (size_t i = 0; i < c.n_static_buffers; i++)
         add_static(c, GR_ROLE_BUFFER, i, c.buffer_names[i], c.buffers[i].scalar_type(),
                    c.buffers[i].sizes(), 0);
+    if (c.rng)
+        add_static(c, GR_ROLE_RNG_STATE, 0, c.rng->name, c.rng->dtype, c.rng->shape, 0);
     c.total_bytes = (c.total_bytes + GR_ALIGN - 1) / GR_ALIGN * GR_ALIGN;
+}
+
+/* Calls fn(node) for every node of block and of the blocks nested in it. */
+template <typename F> void each_node(torch::jit::Block *block, F &&fn)
+{
+    for (torch::jit::Node *n : block->nodes()) {
+        fn(n);
+        for (torch::jit::Block *sub : n->blocks())
+            each_node(sub, fn);
+    }
+}
+
+/* The value v of graph g (a method's: input 0 is self) holds, when it is self or a chain of
+ * attribute reads from self; nullopt otherwise. */
+std::optional<c10::IValue> attr_value(torch::jit::Value *v, const torch::jit::Graph &g,
+                                      const c10::IValue &self)
+{
+    if (!g.inputs().empty() && v == g.inputs()[0])
+        return self;
+    const torch::jit::Node *n = v->node();
+    if (n->kind() != c10::prim::GetAttr)
+        return std::nullopt;
+    std::optional<c10::IValue> owner = attr_value(n->input(0), g, self);
+    if (!owner || !owner->isObject())
+        return std::nullopt;
+    const c10::ivalue::Object &obj = owner->toObjectRef();
+    const std::string &name = n->s(c10::attr::name);
+    if (!obj.type()->hasAttribute(name))
+        return std::nullopt;
+    return obj.getAttr(name);
+}
+
+/* Whether the method draws random numbers: some node of its graph, every call inlined, is
+ * nondeterministic (Node::isNondeterministic: dropout, rand_like, bernoulli, normal, ...).
+ * Reads of a module's `training` flag are folded to their values first, unless the method sets
+ * one: a scripted dropout's train argument is self.training, which isNondeterministic cannot see
+ * through, and graphd never switches a captured module's mode. */
+bool uses_random_ops(const torch::jit::Module &module, const torch::jit::Method &method)
+{
+    std::shared_ptr<torch::jit::Graph> g = method.graph()->copy();
+    torch::jit::Inline(*g);
+    bool sets_training = false;
+    std::vector<torch::jit::Node *> training_reads;
+    each_node(g->block(), [&](torch::jit::Node *n) {
+        if (n->kind() == c10::prim::SetAttr && n->s(c10::attr::name) == "training")
+            sets_training = true;
+        else if (n->kind() == c10::prim::GetAttr && n->s(c10::attr::name) == "training")
+            training_reads.push_back(n);
+    });
+    if (!sets_training) {
+        const c10::IValue self(module._ivalue());
+        for (torch::jit::Node *n : training_reads) {
+            std::optional<c10::IValue> v = attr_value(n->output(), *g, self);
+            if (!v || !v->isBool())
+                continue;
+            torch::jit::WithInsertPoint at(n);
+            n->output()->replaceAllUsesWith(g->insertConstant(v->toBool()));
+        }
+    }
+    bool random = false;
+    each_node(g->block(), [&](torch::jit::Node *n) { random = random || n->isNondeterministic(); });
+    return random;
 }
 
 at::Tensor make_sample(const gr_arg_spec_t &a, c10::Device device)
@@ -315,6 +383,7 @@ at::Tensor make_sample(const gr_arg_spec_t &a, c10::Device device)
         t = torch::from_blob(const_cast<void *>(a.data), shape, at::TensorOptions().dtype(st))
                 .to(device, st, false, true);
     } else if (gr_dtype_is_floating(a.dtype)) {
+        std::lock_guard<std::mutex> lock(cpu_generator_mutex());
         t = torch::randn(shape, at::TensorOptions().dtype(at::kFloat)).to(device, st);
     } else {
         t = torch::zeros(shape, at::TensorOptions().dtype(st).device(device));
@@ -363,6 +432,9 @@ std::unique_ptr<Callable> prepare_callable(const gr_callable_spec_t &spec, const
         throw Error(GR_EINVAL, "module has no method '" + c->method_name + "'");
     c->method.emplace(*method);
     c->is_training = c->module.is_training();
+    c->random = uses_random_ops(c->module, *c->method);
+    if (c->random)
+        c->rng = pool.family->rng_state();
 
     std::unordered_set<const void *> seen;
     std::vector<at::Tensor> others; /* buffers no static tensor can carry: private */
@@ -416,6 +488,7 @@ void bind(Callable &c, const Family &family, void *base)
     c.host_views.clear();
     c.dev_views.clear();
     c.external_slots.clear();
+    c.rng_state = at::Tensor();
     c.block = bytes;
     for (size_t k = 0; k < c.layout.size(); k++) {
         const gr_tensor_desc_t &d = c.layout[k];
@@ -459,6 +532,9 @@ void bind(Callable &c, const Family &family, void *base)
         case GR_ROLE_BUFFER: /* as a parameter: the module now updates the static tensor */
             v.copy_(c.buffers[d.index]);
             c.buffers[d.index].set_data(v);
+            break;
+        case GR_ROLE_RNG_STATE: /* the family fills it (Family::bind) */
+            c.rng_state = v;
             break;
         }
     }
@@ -687,7 +763,10 @@ extern "C" int gr_capture_prepare(const char *device, size_t n, const gr_callabl
             cap->callables.back()->external_param_grads =
                 o.resident != 0 && o.copy_param_grads == 0;
         }
-        pool.family->warmup(pool.index, [&] {
+        bool random = false;
+        for (const auto &cl : cap->callables)
+            random = random || cl->random;
+        pool.family->warmup(pool.index, random, [&] {
             for (size_t i = 0; i < n; i++)
                 gr::in_context("callable " + std::to_string(i) + " warm-up", GR_EINVAL, [&] {
                     for (int it = 0; it < o.num_warmup_iters; it++)

@@ -24,6 +24,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -97,6 +98,14 @@ struct PoolState {
     virtual ~PoolState() = default;
 };
 
+/* The generator state a family's random ops draw from, as the static tensor (GR_ROLE_RNG_STATE)
+ * that carries it for the client: its name (the device kind, "cpu"), dtype and shape. */
+struct RngStateSpec {
+    std::string name;
+    c10::ScalarType dtype;
+    std::vector<int64_t> shape;
+};
+
 struct OutputMeta {
     std::string name; /* path in the returned structure */
     c10::ScalarType dtype;
@@ -127,6 +136,11 @@ struct Callable {
     size_t n_static_buffers = 0;
     std::vector<OutputMeta> outputs;
     bool has_backward = false; /* some output requires grad */
+    /* The method uses random ops (engine: uses_random_ops); rng is then the family's state spec,
+     * when it carries one, and after finish rng_state is its RNG_STATE tensor (a dev_view). */
+    bool random = false;
+    std::optional<RngStateSpec> rng;
+    at::Tensor rng_state;
 
     /* autograd.grad's inputs: the args, then the parameters, that require grad */
     std::vector<at::Tensor> grad_targets;
@@ -204,8 +218,17 @@ class Family
     virtual void bind(Callable & /*c*/, void * /*base*/, uint64_t /*bytes*/) const
     {
     }
-    /* Runs the warm-up iterations (a CUDA family: on a side stream, synchronised around). */
-    virtual void warmup(int index, const std::function<void()> &body) const = 0;
+    /* Runs the warm-up iterations (a CUDA family: on a side stream, synchronised around). random:
+     * some callable's method uses random ops. */
+    virtual void warmup(int index, bool random, const std::function<void()> &body) const = 0;
+    /* The RNG_STATE tensor a callable whose method uses random ops gets: where its random ops
+     * draw from at FORWARD (replay_forward swaps it in and writes the advanced state back; bind
+     * fills it with a valid state). nullopt: the family carries no state for the client, the
+     * ops draw from the daemon's own generator, and callables get no RNG_STATE. */
+    virtual std::optional<RngStateSpec> rng_state() const
+    {
+        return std::nullopt;
+    }
     virtual void capture_forward(Callable &c, PoolState *pool) const = 0;
     virtual void capture_backward(Callable &c, PoolState *pool) const = 0;
     /* order: nullptr for a synchronous replay (the static tensors hold the results when it
@@ -215,6 +238,10 @@ class Family
 };
 
 const Family &family_cpu();
+/* Held around every draw this process makes from libtorch's default CPU generator (one per
+ * process, shared by the CPU devices' worker threads): a CPU replay swaps a client's state into
+ * that generator, and no other draw may land in between. */
+std::mutex &cpu_generator_mutex();
 #ifdef GR_HAVE_CUDA
 const Family &family_cuda();
 /* The CUDA devices, for gr_devices(); none (and no error) without a driver or a GPU. */

@@ -343,7 +343,7 @@ class CudaFamily final : public Family
         }
         c.family_state = std::move(st);
     }
-    void warmup(int index, const std::function<void()> &body) const override
+    void warmup(int index, bool /*random*/, const std::function<void()> &body) const override
     {
         auto dev = static_cast<c10::DeviceIndex>(index);
         c10::cuda::CUDAGuard guard(dev);
@@ -353,6 +353,13 @@ class CudaFamily final : public Family
             body();
         }
         c10::cuda::device_synchronize();
+    }
+    /* None yet: random ops draw from the daemon's CUDA generator. Carrying the client's state
+     * means registering the generator with each graph (philox seed and offset) rather than
+     * swapping a state in around an eager run, as the CPU family does. */
+    std::optional<RngStateSpec> rng_state() const override
+    {
+        return std::nullopt;
     }
     void capture_forward(Callable &c, PoolState *pool) const override
     {

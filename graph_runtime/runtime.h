@@ -100,7 +100,10 @@ int gr_dtype_is_floating(int dtype);
     X(GRAD_INPUT, 3, "grad_input")   /* written by BACKWARD */                                     \
     X(PARAM, 4, "param")             /* the module's parameter: the client may update it */        \
     X(PARAM_GRAD, 5, "param_grad")   /* written by BACKWARD */                                     \
-    X(BUFFER, 6, "buffer")           /* a module buffer: FORWARD updates it, the client may too */
+    X(BUFFER, 6, "buffer")           /* a module buffer: FORWARD updates it, the client may too */ \
+    /* the random generator state the graph's random ops draw from: the client writes its          \
+     * generator's state before FORWARD and reads the advanced state back after it */              \
+    X(RNG_STATE, 7, "rng_state")
 
 typedef enum {
 #define GR_ROLE_ENUM(name, value, str) GR_ROLE_##name = value,
@@ -269,8 +272,17 @@ void gr_capture_opts_init(gr_capture_opts_t *o);
  *  - name: INPUT/GRAD_INPUT: the arg index ("0"); OUTPUT/GRAD_OUTPUT: the path in the returned
  *    structure, outputs flattened depth-first, dict values in insertion order ("" for a bare
  *    tensor, "1.loss" for element 1's key "loss"); PARAM/PARAM_GRAD: the parameter's name
- *    ("0.weight"); BUFFER: the buffer's name ("1.running_mean"). Owned by the capture or graph
- *    it came from. */
+ *    ("0.weight"); BUFFER: the buffer's name ("1.running_mean"); RNG_STATE: the generator's
+ *    device kind ("cpu"). Owned by the capture or graph it came from.
+ *  - RNG_STATE: at most one (index 0), last in the block, and only when the method uses random
+ *    ops (some node of its inlined graph is nondeterministic: dropout in training mode,
+ *    rand_like, bernoulli, ...) on a device family that carries the state for the client. On the
+ *    CPU it is uint8[N], N the bytes of torch.get_rng_state() (5056 in torch 1.13 to 2.11): the
+ *    default CPU generator's state, in its get_state() format. FORWARD draws the method's random
+ *    numbers from it, as eager PyTorch would from a generator in that state, and writes the
+ *    generator's advanced state back; BACKWARD neither reads nor writes it. gr_capture_finish
+ *    fills it with the daemon's generator state, so a client that never writes it still gets
+ *    valid, advancing random numbers. */
 typedef struct gr_tensor_desc {
     int role; /* gr_role_t */
     uint32_t index;
@@ -363,11 +375,13 @@ int gr_graph_external(const gr_graph_t *g, size_t *count, gr_external_t *items /
 #define GR_PHASE_BACKWARD 1
 
 /* FORWARD computes the method on the INPUT tensors into the OUTPUT tensors (module buffers update
- * in the BUFFER tensors, as in PyTorch). BACKWARD computes, from the GRAD_OUTPUT tensors, the
- * GRAD_INPUT and PARAM_GRAD tensors of the last FORWARD. GR_EPRECOND for BACKWARD without a
- * FORWARD since the last BACKWARD, or on a graph without backward; GR_EINTERNAL with the module's
- * message when it throws (the graph stays usable: the next FORWARD starts afresh). elapsed_ns:
- * time spent in the replay. */
+ * in the BUFFER tensors, as in PyTorch; random ops draw from the RNG_STATE tensor, which then
+ * holds the advanced state). BACKWARD computes, from the GRAD_OUTPUT tensors, the GRAD_INPUT and
+ * PARAM_GRAD tensors of the last FORWARD. GR_EPRECOND for BACKWARD without a FORWARD since the
+ * last BACKWARD, or on a graph without backward; GR_EINVAL for a FORWARD whose RNG_STATE is not
+ * a valid generator state (nothing runs; the graph stays usable); GR_EINTERNAL with the module's
+ * message when it throws (the graph stays usable: the next FORWARD starts afresh, and RNG_STATE
+ * is left as the caller wrote it). elapsed_ns: time spent in the replay. */
 int gr_graph_replay(gr_graph_t *g, int phase, uint64_t *elapsed_ns /* [out][optional] */);
 /* ---- ordering across processes (CUDA IPC events) ------------------------------------------ */
 /* A CUDA event shared between two processes, so that each side's stream can wait for the other's

@@ -301,6 +301,62 @@ def make_slow(out):
     torch.jit.script(Slow()).save(os.path.join(out, "slow.pt"))
 
 
+class DropNet(nn.Module):
+    """Dropout in training mode: its masks come from the CPU generator."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(6, 8)
+        self.drop = nn.Dropout(0.5)
+
+    def forward(self, x):
+        return self.drop(self.lin(x))
+
+
+class RandNet(nn.Module):
+    """rand_like, randn_like and bernoulli; 15 elements, so that randn_like leaves a cached
+    normal sample in the generator's state."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 5)
+
+    def forward(self, x):
+        y = self.lin(x)
+        noise = torch.rand_like(y) + 0.1 * torch.randn_like(y)
+        return y * noise + torch.bernoulli(torch.full_like(y, 0.3))
+
+
+RNG_SEED = 2024
+
+
+def make_random(out, ref):
+    """Modules with random ops (graph_runtime's RNG_STATE). References from eager PyTorch: the
+    generator state after manual_seed(RNG_SEED) ("<key>.state0"), then for two forwards in a
+    row the output and the state after it ("<key>.outN", "<key>.stateN"); for DropNet also the
+    weight gradient of the first forward for a grad-output of ones."""
+    torch.manual_seed(31)
+    drop = DropNet()
+    dx = torch.randn(4, 6)
+    # As the Python client traces: the trace's own check would compare two different masks.
+    torch.jit.trace(drop, (dx,), check_trace=False).save(os.path.join(out, "drop.pt"))
+    torch.jit.script(drop).save(os.path.join(out, "drop_script.pt"))
+    rand = RandNet()
+    rx = torch.randn(3, 4)
+    torch.jit.script(rand).save(os.path.join(out, "rand.pt"))
+    for key, module, x in (("drop", drop, dx), ("rand", rand, rx)):
+        ref.put(key + ".x", x)
+        torch.manual_seed(RNG_SEED)
+        ref.put(key + ".state0", torch.get_rng_state())
+        for i in (1, 2):
+            y = module(x)
+            ref.put("%s.out%d" % (key, i), y)
+            ref.put("%s.state%d" % (key, i), torch.get_rng_state())
+            if key == "drop" and i == 1:
+                gw, = torch.autograd.grad(y, [module.lin.weight], torch.ones_like(y))
+                ref.put("drop.gw1", gw)
+
+
 def main():
     if len(sys.argv) != 2:
         sys.exit("usage: make_models.py OUTDIR")
@@ -314,6 +370,7 @@ def main():
     make_big(out, ref)
     make_expanded(out, ref)
     make_slow(out)
+    make_random(out, ref)
     ref.write(os.path.join(out, "ref.txt"))
 
 

@@ -401,7 +401,7 @@ static void test_tables(void **state)
     assert_string_equal(gr_role_name(GR_ROLE_PARAM_GRAD), "param_grad");
     assert_string_equal(gr_role_name(GR_ROLE_BUFFER), "buffer");
     assert_int_equal(GR_ROLE_BUFFER, 6);
-    assert_int_equal(GR_ROLE_COUNT, 7);
+    assert_int_equal(GR_ROLE_COUNT, 8);
     assert_null(gr_role_name(GR_ROLE_COUNT));
     assert_int_equal(gr_runtime_init(0), GR_OK);
     assert_error(gr_runtime_init(-2), GR_EINVAL, NULL);
@@ -1609,6 +1609,358 @@ static void test_cuda_eval_buffer_writes(void **state)
     eval_buffer_writes_on("cuda:0", CUDA_REL_TOL);
 }
 
+/* ---- random ops: the RNG_STATE tensor --------------------------------------------------- */
+
+#define RNG_BYTES 5056 /* torch.get_rng_state().numel() in torch 1.13 */
+
+/* The RNG_STATE tensor of t: uint8[RNG_BYTES] named "cpu", index 0, last in the block. */
+static uint8_t *rng_state(const tgraph_t *t)
+{
+    const gr_tensor_desc_t *d = find(t, GR_ROLE_RNG_STATE, 0);
+    if (d == NULL)
+        fail_msg("no rng_state tensor");
+    assert_int_equal(count_role(t, GR_ROLE_RNG_STATE), 1);
+    assert_ptr_equal(d, &t->layout[t->count - 1]);
+    assert_string_equal(d->name, "cpu");
+    assert_int_equal(d->dtype, GR_DTYPE_U8);
+    assert_int_equal(d->ndim, 1);
+    assert_int_equal(d->shape[0], RNG_BYTES);
+    assert_int_equal(d->nbytes, RNG_BYTES);
+    assert_int_equal(d->flags, 0);
+    assert_int_equal(d->offset % GR_ALIGN, 0);
+    return at(t, d->offset);
+}
+
+/* A generator state from the references (bytes stored as numbers). */
+static void put_state(const tgraph_t *t, const char *key)
+{
+    const double *v = ref(key, RNG_BYTES);
+    uint8_t *s = rng_state(t);
+    for (size_t i = 0; i < RNG_BYTES; i++)
+        s[i] = (uint8_t)v[i];
+}
+
+static void assert_state(const tgraph_t *t, const char *key)
+{
+    const double *v = ref(key, RNG_BYTES);
+    const uint8_t *s = rng_state(t);
+    for (size_t i = 0; i < RNG_BYTES; i++)
+        if (s[i] != (uint8_t)v[i])
+            fail_msg("%s: byte %zu is %u, eager PyTorch's %u", key, i, s[i], (unsigned)v[i]);
+}
+
+/* Bit for bit: the references are float32 values printed exactly. */
+static void assert_bits(const float *got, const char *key, size_t n)
+{
+    const double *want = ref(key, n);
+    for (size_t i = 0; i < n; i++)
+        if (got[i] != (float)want[i])
+            fail_msg("%s[%zu]: got %.9g, eager PyTorch %.9g", key, i, got[i], want[i]);
+}
+
+/* The shapes of the random models' inputs (make_models.py's DropNet and RandNet). */
+static const int64_t DROP_X[2] = {4, 6}, RAND_X[2] = {3, 4};
+
+static void capture_model(const char *file, const int64_t *xs, tgraph_t *t, gr_module_t **m)
+{
+    *m = load_model(file);
+    gr_arg_spec_t arg = f32_arg(2, xs, 0);
+    gr_callable_spec_t spec = {*m, NULL, 1, &arg};
+    capture_ok("cpu:0", 1, &spec, NULL, t);
+}
+
+/* A callable gets an RNG_STATE exactly when its method uses random ops: dropout in training
+ * mode (traced, or scripted with self.training folded), rand_like and bernoulli; not an MLP,
+ * nor a scripted eval-mode module whose dropout's train argument is its training flag. */
+static void test_rng_state_tensor(void **state)
+{
+    (void)state;
+    assert_int_equal(GR_ROLE_RNG_STATE, 7);
+    assert_string_equal(gr_role_name(GR_ROLE_RNG_STATE), "rng_state");
+    const struct {
+        const char *file;
+        const int64_t *xs;
+        size_t n_rng;
+    } cases[] = {{"drop.pt", DROP_X, 1},
+                 {"drop_script.pt", DROP_X, 1},
+                 {"rand.pt", RAND_X, 1},
+                 {"mlp.pt", (const int64_t[]){16, 16}, 0},
+                 {"eval.pt", (const int64_t[]){4, 6}, 0}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        gr_module_t *m;
+        tgraph_t t;
+        capture_model(cases[i].file, cases[i].xs, &t, &m);
+        if (count_role(&t, GR_ROLE_RNG_STATE) != cases[i].n_rng)
+            fail_msg("%s: %zu rng_state tensors, want %zu", cases[i].file,
+                     count_role(&t, GR_ROLE_RNG_STATE), cases[i].n_rng);
+        gr_graph_info_t info;
+        assert_int_equal(gr_graph_info(t.g, &info), GR_OK);
+        assert_int_equal(info.counts[GR_ROLE_RNG_STATE], cases[i].n_rng);
+        if (cases[i].n_rng)
+            (void)rng_state(&t); /* its shape and place */
+        release(&t, 1);
+        gr_module_release(m);
+    }
+
+    /* Capture leaves a valid state there (the daemon's): replays without writing it run, and the
+     * state advances from one to the next, with different masks. */
+    gr_module_t *m;
+    tgraph_t t;
+    capture_model("drop.pt", DROP_X, &t, &m);
+    put(&t, GR_ROLE_INPUT, 0, ref("drop.x", 24));
+    uint8_t *s = rng_state(&t), before[RNG_BYTES];
+    float out[32];
+    memcpy(before, s, RNG_BYTES);
+    replay_ok(t.g, GR_PHASE_FORWARD);
+    assert_true(memcmp(before, s, RNG_BYTES) != 0);
+    memcpy(out, f32(&t, GR_ROLE_OUTPUT, 0), sizeof out);
+    replay_ok(t.g, GR_PHASE_FORWARD);
+    assert_true(memcmp(out, f32(&t, GR_ROLE_OUTPUT, 0), sizeof out) != 0);
+    release(&t, 1);
+    gr_module_release(m);
+}
+
+/* The masks are eager PyTorch's for the state written (bit for bit), the state after FORWARD is
+ * the eager generator's after the same forward, the state carried gives the next masks, the same
+ * state twice the same masks, and BACKWARD reuses the mask and leaves the state alone. */
+static void rng_parity(const char *file, const char *key, const int64_t *xs, size_t n_in,
+                       size_t n_out)
+{
+    gr_module_t *m;
+    tgraph_t t;
+    capture_model(file, xs, &t, &m);
+    char k[64];
+    snprintf(k, sizeof k, "%s.x", key);
+    put(&t, GR_ROLE_INPUT, 0, ref(k, n_in));
+    const float *out = f32(&t, GR_ROLE_OUTPUT, 0);
+    float first[32];
+    assert_true(n_out <= 32);
+    for (int rep = 0; rep < 2; rep++) {
+        snprintf(k, sizeof k, "%s.state0", key);
+        put_state(&t, k);
+        for (int i = 1; i <= 2; i++) {
+            replay_ok(t.g, GR_PHASE_FORWARD);
+            snprintf(k, sizeof k, "%s.out%d", key, i);
+            assert_bits(out, k, n_out);
+            snprintf(k, sizeof k, "%s.state%d", key, i);
+            assert_state(&t, k);
+            if (i == 1)
+                memcpy(first, out, n_out * sizeof *out);
+            else
+                assert_true(memcmp(first, out, n_out * sizeof *out) != 0);
+        }
+    }
+    if (strcmp(key, "drop") == 0) {
+        snprintf(k, sizeof k, "%s.state0", key);
+        put_state(&t, k);
+        replay_ok(t.g, GR_PHASE_FORWARD);
+        uint8_t after[RNG_BYTES];
+        memcpy(after, rng_state(&t), RNG_BYTES);
+        float *gout = f32(&t, GR_ROLE_GRAD_OUTPUT, 0);
+        for (size_t i = 0; i < n_out; i++)
+            gout[i] = 1.0f;
+        replay_ok(t.g, GR_PHASE_BACKWARD);
+        assert_close(f32(&t, GR_ROLE_PARAM_GRAD, 0), ref("drop.gw1", 48), 48, 1e-6, "drop.gw1");
+        assert_memory_equal(after, rng_state(&t), RNG_BYTES);
+    }
+    release(&t, 1);
+    gr_module_release(m);
+}
+
+static void test_rng_dropout_parity(void **state)
+{
+    (void)state;
+    rng_parity("drop.pt", "drop", DROP_X, 24, 32);
+}
+
+static void test_rng_rand_parity(void **state)
+{
+    (void)state;
+    rng_parity("rand.pt", "rand", RAND_X, 12, 15);
+}
+
+/* libtorch's CPU generator state layout (CPUGeneratorImplState), for writing broken ones. */
+#define RNG_LEFT 8        /* int: draws until the next twist */
+#define RNG_SEEDED 12     /* int */
+#define RNG_NEXT 16       /* uint64: next word of the 624 */
+#define RNG_FLOAT_OK 5048 /* bool: a cached float normal sample is valid */
+
+static void put_u64(uint8_t *s, size_t off, uint64_t v)
+{
+    memcpy(s + off, &v, sizeof v);
+}
+
+static void put_i32(uint8_t *s, size_t off, int32_t v)
+{
+    memcpy(s + off, &v, sizeof v);
+}
+
+/* A state that is not one: GR_EINVAL naming the tensor, nothing run, the bytes left as written;
+ * the graph works again with a valid state. Includes a position libtorch's own check accepts
+ * but that would read past the engine's words (left + next > 625). */
+static void test_rng_state_invalid(void **state)
+{
+    (void)state;
+    gr_module_t *m;
+    tgraph_t t;
+    capture_model("drop.pt", DROP_X, &t, &m);
+    put(&t, GR_ROLE_INPUT, 0, ref("drop.x", 24));
+    uint8_t *s = rng_state(&t), wrote[RNG_BYTES];
+    const char *needle = "rng_state tensor 'cpu' is not a valid CPU generator state";
+    for (int k = 0; k < 6; k++) {
+        put_state(&t, "drop.state0");
+        switch (k) {
+        case 0:
+            memset(s, 0xff, RNG_BYTES);
+            break;
+        case 1:
+            memset(s, 0, RNG_BYTES);
+            break;
+        case 2: /* libtorch's is_valid() accepts it; the next 623 draws would overrun */
+            put_i32(s, RNG_LEFT, 624);
+            put_u64(s, RNG_NEXT, 624);
+            break;
+        case 3:
+            put_u64(s, RNG_NEXT, (UINT64_C(1) << 32) + 3);
+            break;
+        case 4:
+            put_i32(s, RNG_SEEDED, 0);
+            break;
+        case 5:
+            s[RNG_FLOAT_OK] = 2;
+            break;
+        }
+        memcpy(wrote, s, RNG_BYTES);
+        assert_error(gr_graph_replay(t.g, GR_PHASE_FORWARD, NULL), GR_EINVAL, needle);
+        assert_memory_equal(wrote, s, RNG_BYTES);
+    }
+    gr_graph_info_t info;
+    assert_int_equal(gr_graph_info(t.g, &info), GR_OK);
+    assert_int_equal(info.failed_replays, 6);
+    assert_int_equal(info.forward_pending, 0);
+    put_state(&t, "drop.state0");
+    replay_ok(t.g, GR_PHASE_FORWARD);
+    assert_bits(f32(&t, GR_ROLE_OUTPUT, 0), "drop.out1", 32);
+    assert_state(&t, "drop.state1");
+    release(&t, 1);
+    gr_module_release(m);
+}
+
+typedef struct rng_worker {
+    gr_graph_t *g; /* replays from state0 (the references'), or NULL: captures */
+    uint8_t *block;
+    const gr_tensor_desc_t *layout;
+    size_t count;
+    gr_module_t *module; /* for capturing workers */
+    const char *device;
+    int rounds;
+    char err[256];
+} rng_worker_t;
+
+static uint8_t *worker_tensor(const rng_worker_t *w, int role)
+{
+    for (size_t k = 0; k < w->count; k++)
+        if (w->layout[k].role == role && w->layout[k].index == 0)
+            return w->block + w->layout[k].offset;
+    return NULL;
+}
+
+/* Replays DropNet from state0 twice, rounds times, checking the outputs against eager PyTorch's
+ * (no cmocka in threads: the first difference goes to err). */
+static void *rng_replayer(void *arg)
+{
+    rng_worker_t *w = arg;
+    const double *state0 = ref("drop.state0", RNG_BYTES), *x = ref("drop.x", 24);
+    const double *outs[2] = {ref("drop.out1", 32), ref("drop.out2", 32)};
+    float *in = (float *)worker_tensor(w, GR_ROLE_INPUT);
+    const float *out = (const float *)worker_tensor(w, GR_ROLE_OUTPUT);
+    uint8_t *s = worker_tensor(w, GR_ROLE_RNG_STATE);
+    for (int r = 0; r < w->rounds && w->err[0] == '\0'; r++) {
+        for (size_t i = 0; i < 24; i++)
+            in[i] = (float)x[i];
+        for (size_t i = 0; i < RNG_BYTES; i++)
+            s[i] = (uint8_t)state0[i];
+        for (int k = 0; k < 2 && w->err[0] == '\0'; k++) {
+            int rc = gr_graph_replay(w->g, GR_PHASE_FORWARD, NULL);
+            if (rc != GR_OK) {
+                snprintf(w->err, sizeof w->err, "replay: %s", gr_last_error());
+                break;
+            }
+            for (size_t i = 0; i < 32; i++)
+                if (out[i] != (float)outs[k][i]) {
+                    snprintf(w->err, sizeof w->err,
+                             "%s round %d replay %d: out[%zu] %.9g, want %.9g", w->device, r, k, i,
+                             out[i], outs[k][i]);
+                    break;
+                }
+        }
+    }
+    return NULL;
+}
+
+/* Captures RandNet over and over (its warm-up draws from the daemon's generator). */
+static void *rng_capturer(void *arg)
+{
+    rng_worker_t *w = arg;
+    gr_arg_spec_t a = f32_arg(2, RAND_X, 0);
+    gr_callable_spec_t spec = {w->module, NULL, 1, &a};
+    for (int r = 0; r < w->rounds && w->err[0] == '\0'; r++) {
+        gr_capture_t *c = NULL;
+        gr_graph_t *g = NULL;
+        size_t count = 0;
+        uint64_t total = 0;
+        int rc = gr_capture_prepare(w->device, 1, &spec, NULL, &c);
+        if (rc == GR_OK) {
+            gr_capture_layout(c, 0, &count, NULL, &total);
+            void *block = aligned_alloc(GR_ALIGN, total);
+            rc = gr_capture_finish(c, &block, &g);
+            if (rc == GR_OK)
+                rc = gr_graph_replay(g, GR_PHASE_FORWARD, NULL);
+            if (g != NULL)
+                gr_graph_destroy(g);
+            free(block);
+        }
+        if (rc != GR_OK)
+            snprintf(w->err, sizeof w->err, "capture on %s: %s", w->device, gr_last_error());
+    }
+    return NULL;
+}
+
+/* Replays of random callables on two CPU devices, from two threads, while a third captures on a
+ * third: each replay still draws exactly its own state's numbers (the runtime serialises every
+ * use of the one CPU generator). */
+static void test_rng_concurrent_devices(void **state)
+{
+    (void)state;
+    assert_int_equal(gr_cpu_devices(3), GR_OK);
+    gr_module_t *drop = load_model("drop.pt"), *rand = load_model("rand.pt");
+    gr_arg_spec_t a = f32_arg(2, DROP_X, 0);
+    gr_callable_spec_t spec = {drop, NULL, 1, &a};
+    tgraph_t t[2];
+    rng_worker_t w[3];
+    memset(w, 0, sizeof w);
+    const char *devices[3] = {"cpu:0", "cpu:1", "cpu:2"};
+    for (int i = 0; i < 2; i++) {
+        capture_ok(devices[i], 1, &spec, NULL, &t[i]);
+        w[i] =
+            (rng_worker_t){t[i].g, t[i].block, t[i].layout, t[i].count, NULL, devices[i], 40, ""};
+    }
+    w[2] = (rng_worker_t){NULL, NULL, NULL, 0, rand, devices[2], 8, ""};
+    pthread_t th[3];
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(pthread_create(&th[i], NULL, i < 2 ? rng_replayer : rng_capturer, &w[i]),
+                         0);
+    for (int i = 0; i < 3; i++)
+        pthread_join(th[i], NULL);
+    for (int i = 0; i < 3; i++)
+        if (w[i].err[0] != '\0')
+            fail_msg("worker %d: %s", i, w[i].err);
+    release(t, 2);
+    gr_module_release(drop);
+    gr_module_release(rand);
+    assert_int_equal(gr_cpu_devices(1), GR_OK);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1634,6 +1986,11 @@ int main(void)
         cmocka_unit_test(test_bad_capture_arguments),
         cmocka_unit_test(test_concurrent_workers),
         cmocka_unit_test(test_cpu_devices),
+        cmocka_unit_test(test_rng_state_tensor),
+        cmocka_unit_test(test_rng_dropout_parity),
+        cmocka_unit_test(test_rng_rand_parity),
+        cmocka_unit_test(test_rng_state_invalid),
+        cmocka_unit_test(test_rng_concurrent_devices),
         cmocka_unit_test(test_devices),
         cmocka_unit_test(test_cuda_mps_pipe),
         cmocka_unit_test(test_cuda_mlp_training_parity),
