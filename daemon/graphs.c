@@ -880,6 +880,14 @@ static bool graph_borrow_all(gd_graph_t *g, pm_pool_t *pool, uint64_t *region_id
     return true;
 }
 
+/* fill_desc's role mapping: graphd.v1.TensorRole is gr_role_t + 1 (0 is ROLE_UNSPECIFIED), and
+ * the wire has a role for each of graph_runtime's. */
+_Static_assert(GRAPHD__V1__TENSOR_ROLE__ROLE_INPUT == GR_ROLE_INPUT + 1 &&
+                   GRAPHD__V1__TENSOR_ROLE__ROLE_BUFFER == GR_ROLE_BUFFER + 1 &&
+                   GRAPHD__V1__TENSOR_ROLE__ROLE_RNG_STATE == GR_ROLE_RNG_STATE + 1 &&
+                   GR_ROLE_COUNT == GR_ROLE_RNG_STATE + 1,
+               "graph_runtime's tensor roles and the wire protocol's disagree");
+
 static void fill_desc(Graphd__V1__TensorDesc *t, const gr_tensor_desc_t *g, uint64_t region)
 {
     graphd__v1__tensor_desc__init(t);

@@ -261,6 +261,10 @@ enum graphd_role {
     GRAPHD_ROLE_PARAM = 5,       /* a module parameter: the caller may update it in place */
     GRAPHD_ROLE_PARAM_GRAD = 6,  /* written by BACKWARD */
     GRAPHD_ROLE_BUFFER = 7,      /* a module buffer (running stats): FORWARD updates it in place */
+    /* The generator state the graph's random ops draw from (a method with random ops only;
+     * "cpu": uint8[5056], torch.get_rng_state()): written by the caller before FORWARD, which
+     * writes the advanced state back. */
+    GRAPHD_ROLE_RNG_STATE = 8,
 };
 #define GRAPHD_PHASE_FORWARD 0
 #define GRAPHD_PHASE_BACKWARD 1
