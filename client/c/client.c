@@ -9,7 +9,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
-#include <sys/sysinfo.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -70,45 +69,51 @@ static void clear_error(graphd_client_t *c)
     c->last_error[0] = '\0';
 }
 
-/* GRAPHD_SPIN_US, else 200 µs on hosts with at least 4 CPUs and 0 on smaller ones (where the
- * polling thread would take the core the daemon needs to answer). */
-static int spin_from_env(void)
+/* The message of the last failed call without a client on this thread (graphd_last_error(NULL)),
+ * as graph_runtime keeps gr_last_error per thread. */
+static _Thread_local char thread_error[GRAPHD__ERRMSG_MAX];
+
+int graphd__fail_thread(int err, const char *fmt, ...)
 {
-    const char *s = getenv("GRAPHD_SPIN_US");
-    if (s != NULL && *s != '\0') {
-        char *end;
-        long v = strtol(s, &end, 10);
-        if (*end == '\0' && v >= 0 && v <= 100000)
-            return (int)v;
-    }
-    return get_nprocs() >= 4 ? 200 : 0;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(thread_error, sizeof(thread_error), fmt, ap);
+    va_end(ap);
+    return err;
 }
 
-static int timeout_from_env(void)
+void graphd__clear_thread_error(void)
 {
-    const char *s = getenv("GRAPHD_TIMEOUT_MS");
-    if (s == NULL || *s == '\0')
-        return GRAPHD__DEFAULT_TIMEOUT_MS;
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno != 0 || *end != '\0' || v <= 0 || v > 24L * 3600 * 1000)
-        return GRAPHD__DEFAULT_TIMEOUT_MS;
-    return (int)v;
+    thread_error[0] = '\0';
 }
 
-/* "unix:..." and other gRPC targets as given; a bare absolute path becomes "unix:PATH". */
-static char *resolve_address(const char *address)
+const char *graphd_version(void)
 {
-    if (address == NULL || *address == '\0')
-        address = getenv("GRAPHD_ADDRESS");
-    if (address == NULL || *address == '\0')
-        address = GRAPHD_DEFAULT_ADDRESS;
-    size_t n = strlen(address) + sizeof("unix:");
-    char *out = malloc(n);
-    if (out != NULL)
-        snprintf(out, n, "%s%s", address[0] == '/' ? "unix:" : "", address);
-    return out;
+    return GRAPHD_VERSION;
+}
+
+/* Reads the settings graphd_connect uses into c (address: the caller's, else GRAPHD_ADDRESS). */
+static int read_settings(graphd_client_t *c, const char *address)
+{
+    char err[GRAPHD__ERRMSG_MAX], value[GRAPHD__SETTING_MAX];
+    unsigned long timeout_ms, spin_us;
+    int rc = graphd__setting_uint("GRAPHD_TIMEOUT_MS", &timeout_ms, err, sizeof(err));
+    if (rc == GRAPHD_OK)
+        rc = graphd__setting_uint("GRAPHD_SPIN_US", &spin_us, err, sizeof(err));
+    if (rc == GRAPHD_OK)
+        rc = graphd__setting("GRAPHD_REPLAY_ORDER", value, sizeof(value), err, sizeof(err));
+    if (rc != GRAPHD_OK)
+        return graphd__fail_thread(rc, "%s", err);
+    c->timeout_ms = (int)timeout_ms;
+    c->spin_us = (int)spin_us;
+    c->posted = strcmp(value, "events") != 0; /* "sync" is the Python package's own */
+    rc = graphd__address(address, value, sizeof(value), err, sizeof(err));
+    if (rc != GRAPHD_OK)
+        return graphd__fail_thread(rc, "%s", err);
+    c->address = strdup(value);
+    if (c->address == NULL)
+        return graphd__fail_thread(GRAPHD_ENOMEM, "out of memory");
+    return GRAPHD_OK;
 }
 
 static int is_local_target(const char *target)
@@ -149,21 +154,19 @@ static char *read_text_file(const char *path)
 
 int graphd_connect(const char *address, graphd_client_t **out)
 {
+    graphd__clear_thread_error();
     if (out == NULL)
-        return GRAPHD_EINVALID_ARGUMENT;
+        return graphd__fail_thread(GRAPHD_EINVALID_ARGUMENT, "out is NULL");
     *out = NULL;
     graphd_client_t *c = calloc(1, sizeof(*c));
     if (c == NULL)
-        return GRAPHD_ENOMEM;
+        return graphd__fail_thread(GRAPHD_ENOMEM, "out of memory");
     c->session_fd = -1;
-    c->timeout_ms = timeout_from_env();
-    c->spin_us = spin_from_env();
-    const char *order = getenv("GRAPHD_REPLAY_ORDER");
-    c->posted = order == NULL || strcmp(order, "events") != 0;
-    c->address = resolve_address(address);
-    if (c->address == NULL) {
+    int rc = read_settings(c, address);
+    if (rc != GRAPHD_OK) {
+        free(c->address);
         free(c);
-        return GRAPHD_ENOMEM;
+        return rc;
     }
 
     grpc_init();
@@ -187,13 +190,18 @@ int graphd_connect(const char *address, graphd_client_t **out)
     } else {
         /* TCP is always TLS. $GRAPHD_TLS_CA names a PEM file of roots (a private CA or a
          * self-signed daemon certificate); without it, gRPC's default roots apply. */
-        char *roots = NULL;
-        const char *ca = getenv("GRAPHD_TLS_CA");
-        if (ca != NULL && ca[0] != '\0' && (roots = read_text_file(ca)) == NULL) {
-            graphd__fail(c, GRAPHD_ESYS, "cannot read GRAPHD_TLS_CA file %s", ca);
-            int rc = GRAPHD_ESYS;
+        char *roots = NULL, ca[GRAPHD__SETTING_MAX], err[GRAPHD__ERRMSG_MAX];
+        rc = graphd__setting("GRAPHD_TLS_CA", ca, sizeof(ca), err, sizeof(err));
+        if (rc != GRAPHD_OK) {
+            graphd__fail_thread(rc, "%s", err);
             graphd_close(c);
             return rc;
+        }
+        if (ca[0] != '\0' && (roots = read_text_file(ca)) == NULL) {
+            graphd__fail_thread(GRAPHD_ESYS, "GRAPHD_TLS_CA=%s: cannot read the file: %s", ca,
+                                strerror(errno));
+            graphd_close(c);
+            return GRAPHD_ESYS;
         }
         creds = grpc_ssl_credentials_create(roots, NULL, NULL, NULL);
         free(roots);
@@ -204,6 +212,7 @@ int graphd_connect(const char *address, graphd_client_t **out)
     }
     c->cq = grpc_completion_queue_create_for_pluck(NULL);
     if (c->channel == NULL || c->cq == NULL) {
+        graphd__fail_thread(GRAPHD_EINTERNAL, "cannot make a gRPC channel for %s", c->address);
         graphd_close(c);
         return GRAPHD_EINTERNAL;
     }
@@ -237,7 +246,7 @@ void graphd_close(graphd_client_t *c)
 
 const char *graphd_last_error(const graphd_client_t *c)
 {
-    return c != NULL ? c->last_error : "no client";
+    return c != NULL ? c->last_error : thread_error;
 }
 
 const char *graphd_address(const graphd_client_t *c)

@@ -829,9 +829,10 @@ int main(int argc, char **argv)
     graphd_client_t *c;
     int rc = graphd_connect(o.address, &c);
     if (rc != GRAPHD_OK) {
+        const char *msg = graphd_last_error(NULL);
         fprintf(stderr, "graphctl: cannot use address '%s': %s: %s\n",
                 o.address != NULL ? o.address : "(default)", graphd_err_name(rc),
-                graphd_strerror(rc));
+                msg[0] != '\0' ? msg : graphd_strerror(rc));
         return 1;
     }
     int status = 1;

@@ -13,13 +13,15 @@
  * - a client is not thread-safe: use it from one thread at a time (separate
  *   clients are independent and may be used from different threads);
  * - after a failed call, graphd_last_error(c) has the daemon's message (or a
- *   local one) until the next call on that client.
+ *   local one) until the next call on that client; the calls without a
+ *   client (graphd_connect, graphd_setting) keep theirs per thread, read with
+ *   graphd_last_error(NULL).
  *
- * Environment: GRAPHD_ADDRESS (default address), GRAPHD_TIMEOUT_MS (deadline
- * of each RPC and data-plane exchange, default 60000), GRAPHD_TLS_CA (PEM roots
- * trusted for a TCP address, which is always TLS; default: gRPC's roots),
- * GRAPHD_SPIN_US (how long a data-plane exchange polls for its reply before
- * blocking; default 200 on hosts with 4 or more CPUs, else 0).
+ * Settings come from the environment (GRAPHD_ADDRESS, GRAPHD_TIMEOUT_MS,
+ * GRAPHD_SPIN_US, GRAPHD_TLS_CA, GRAPHD_REPLAY_ORDER, GRAPHD_COPY_PARAM_GRADS),
+ * all read through one table in libgraphd (settings.c) and documented in one
+ * table: client/python/README.md, "Settings (environment)". graphd_connect
+ * reads them anew each time; graphd_setting gives any of them.
  */
 #ifndef GRAPHD_H
 #define GRAPHD_H
@@ -77,6 +79,23 @@ int graphd_err_from_grpc(int grpc_status);
 /* The gRPC status code behind err, or -1 for client-local codes. */
 int graphd_err_to_grpc(int err);
 
+/* libgraphd's version ("0.1.0"): the VERSION file it was built from, as the daemon's. */
+const char *graphd_version(void);
+
+/*
+ * The effective value of the client setting name ("GRAPHD_TIMEOUT_MS"), read from the
+ * environment now: its default when unset or empty, else the value checked and normalized
+ * ("007" => "7", "/path" => "unix:/path"). Two-call: with buf NULL, *len gets the bytes needed
+ * (NUL included); with buf too small, the same and GRAPHD_ETRUNC. GRAPHD_ENOT_FOUND for a name
+ * not in the table; GRAPHD_EINVALID_ARGUMENT for a value it does not accept, with
+ * graphd_last_error(NULL) naming the variable, the value and what is accepted (graphd_connect
+ * fails with the same message).
+ */
+int graphd_setting(const char *name /* [in] */, char *buf /* [out][optional] */,
+                   size_t *len /* [in,out] */);
+/* The name of the index-th client setting, NULL past the last: for listing them all. */
+const char *graphd_setting_name(size_t index);
+
 typedef struct graphd_client graphd_client_t;
 typedef struct graphd_region graphd_region_t;
 
@@ -113,8 +132,10 @@ typedef struct graphd_pool {
  * Creates a client for the daemon at address: a gRPC target ("unix:/path";
  * a bare "/path" means "unix:/path"). No I/O happens here: a daemon that is
  * not there shows as GRAPHD_EUNAVAILABLE from the first call. Non-unix
- * targets use TLS with the system's roots. GRAPHD_EINVALID_ARGUMENT,
- * GRAPHD_ENOMEM.
+ * targets use TLS with the system's roots, or GRAPHD_TLS_CA's. It reads the
+ * client settings (see graphd_setting): GRAPHD_EINVALID_ARGUMENT for one
+ * that is not valid, GRAPHD_ESYS for a GRAPHD_TLS_CA that cannot be read,
+ * GRAPHD_ENOMEM; the message is graphd_last_error(NULL).
  */
 int graphd_connect(const char *address /* [in][optional] NULL: $GRAPHD_ADDRESS, else default */,
                    graphd_client_t **out /* [out] */);
@@ -127,7 +148,8 @@ int graphd_connect(const char *address /* [in][optional] NULL: $GRAPHD_ADDRESS, 
  * daemon that is gone answers at once. NULL is a no-op.
  */
 void graphd_close(graphd_client_t *c /* [in][optional] */);
-/* Message of the last failed call on c (never NULL; "" after a success). */
+/* Message of the last failed call on c (never NULL; "" after a success). With c NULL, the
+ * message of the last graphd_connect or graphd_setting of this thread that failed. */
 const char *graphd_last_error(const graphd_client_t *c);
 /* The resolved target this client talks to. */
 const char *graphd_address(const graphd_client_t *c);

@@ -17,7 +17,7 @@
 #include "graphd_frame.h"
 
 #define GRAPHD__ERRMSG_MAX 1024
-#define GRAPHD__DEFAULT_TIMEOUT_MS 60000
+#define GRAPHD__SETTING_MAX 4096 /* longest value of a setting, NUL included */
 #define GRAPHD__METHOD(name) "/graphd.v1.Graphd/" name
 #define GRAPHD__IPC_HANDLE_SIZE 64 /* a MAP reply's payload for a device region */
 #define GRAPHD__MAX_EVENT_DEVICES 16
@@ -93,6 +93,23 @@ struct graphd_client {
     graphd_graph_t *graphs;   /* open graph handles, newest first */
     char last_error[GRAPHD__ERRMSG_MAX];
 };
+
+/* Sets the calling thread's error (graphd_last_error(NULL)) to the formatted message and returns
+ * err: for the calls that have no client (graphd_connect, graphd_setting). */
+int graphd__fail_thread(int err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void graphd__clear_thread_error(void);
+
+/*
+ * settings.c: the effective value of the client setting name (its environment variable, else
+ * its default), checked and normalized, into buf[size]. On GRAPHD_ENOT_FOUND (a name not in the
+ * table), GRAPHD_EINVALID_ARGUMENT (a value the table does not accept) and GRAPHD_ETRUNC, err
+ * gets the message.
+ */
+int graphd__setting(const char *name, char *buf, size_t size, char *err, size_t errlen);
+/* The same for an integer setting. */
+int graphd__setting_uint(const char *name, unsigned long *out, char *err, size_t errlen);
+/* The target for address, normalized as GRAPHD_ADDRESS is (NULL or "": GRAPHD_ADDRESS). */
+int graphd__address(const char *address, char *buf, size_t size, char *err, size_t errlen);
 
 /* Sets c's last error to the formatted message and returns err. */
 int graphd__fail(graphd_client_t *c, int err, const char *fmt, ...)
