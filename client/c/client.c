@@ -92,6 +92,19 @@ const char *graphd_version(void)
     return GRAPHD_VERSION;
 }
 
+void graphd__client_ref(graphd_client_t *c)
+{
+    c->refs++;
+}
+
+void graphd__client_unref(graphd_client_t *c)
+{
+    if (--c->refs > 0)
+        return;
+    free(c->address);
+    free(c);
+}
+
 /* Reads the settings graphd_connect uses into c (address: the caller's, else GRAPHD_ADDRESS). */
 static int read_settings(graphd_client_t *c, const char *address)
 {
@@ -161,15 +174,16 @@ int graphd_connect(const char *address, graphd_client_t **out)
     graphd_client_t *c = calloc(1, sizeof(*c));
     if (c == NULL)
         return graphd__fail_thread(GRAPHD_ENOMEM, "out of memory");
+    c->refs = 1;
     c->session_fd = -1;
     int rc = read_settings(c, address);
     if (rc != GRAPHD_OK) {
-        free(c->address);
-        free(c);
+        graphd__client_unref(c);
         return rc;
     }
 
     grpc_init();
+    c->grpc_inited = 1;
     grpc_arg args[] = {
         {.type = GRPC_ARG_STRING,
          .key = GRPC_ARG_PRIMARY_USER_AGENT_STRING,
@@ -222,16 +236,11 @@ int graphd_connect(const char *address, graphd_client_t **out)
 
 void graphd_close(graphd_client_t *c)
 {
-    if (c == NULL)
+    if (c == NULL || c->closed)
         return;
     if (c->session_id != 0 && c->channel != NULL)
         (void)graphd_goodbye(c);
-    graphd__dp_close(c);
-    graphd__cuda_events_drop(c);
-    while (c->graphs != NULL)
-        graphd__graph_forget(c->graphs);
-    while (c->regions != NULL)
-        graphd_region_release(c->regions);
+    graphd__session_end(c);
     if (c->channel != NULL)
         grpc_channel_destroy(c->channel);
     if (c->cq != NULL) {
@@ -239,9 +248,14 @@ void graphd_close(graphd_client_t *c)
         grpc_completion_queue_shutdown(c->cq);
         grpc_completion_queue_destroy(c->cq);
     }
-    grpc_shutdown();
-    free(c->address);
-    free(c);
+    if (c->grpc_inited)
+        grpc_shutdown();
+    c->channel = NULL;
+    c->cq = NULL;
+    c->grpc_inited = 0;
+    c->closed = 1;
+    /* Open region and graph handles keep the body, and their mappings, until they are released. */
+    graphd__client_unref(c);
 }
 
 const char *graphd_last_error(const graphd_client_t *c)

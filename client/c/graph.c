@@ -2,8 +2,9 @@
  * Modules, captures and replays: RegisterModule/ReleaseModule, one Capture
  * call for a list of callables with the mapping of each graph's static
  * region, replay over the session socket (REPLAY frame, the hot path) or
- * gRPC, and ReleaseGraph. Every graph handle is on its client's list so that
- * graphd_close can unmap what is left.
+ * gRPC, and ReleaseGraph. Every graph handle is on its client's list and
+ * holds a reference on it, so that the client outlives graphd_close until
+ * the last handle is released.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -115,6 +116,7 @@ static void link_graph(graphd_client_t *c, graphd_graph_t *g)
     if (c->graphs != NULL)
         c->graphs->prev = g;
     c->graphs = g;
+    graphd__client_ref(c);
 }
 
 static void unlink_graph(graphd_graph_t *g)
@@ -141,8 +143,10 @@ static void graph_unmap(graphd_graph_t *g)
 
 void graphd__graph_forget(graphd_graph_t *g)
 {
+    graphd_client_t *c = g->client;
     unlink_graph(g);
     graph_unmap(g);
+    graphd__client_unref(c);
 }
 
 /* The mapping of a region other than the graph's own that one of its tensors lies in: the
@@ -204,10 +208,13 @@ int graphd_graph_release(graphd_graph_t *g)
         return GRAPHD_OK;
     graphd_client_t *c = g->client;
     c->last_error[0] = '\0';
+    graphd__client_ref(c); /* g's reference may be the last */
     /* Unmapped first: a device region's IPC mapping must be closed before the daemon frees it. */
     uint64_t id = g->id;
     graphd__graph_forget(g);
-    return release_graph_id(c, id);
+    int rc = release_graph_id(c, id);
+    graphd__client_unref(c);
+    return rc;
 }
 
 uint64_t graphd_graph_id(const graphd_graph_t *g)

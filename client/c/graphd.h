@@ -15,7 +15,11 @@
  * - after a failed call, graphd_last_error(c) has the daemon's message (or a
  *   local one) until the next call on that client; the calls without a
  *   client (graphd_connect, graphd_setting) keep theirs per thread, read with
- *   graphd_last_error(NULL).
+ *   graphd_last_error(NULL);
+ * - lifetimes: a client is referenced by its caller until graphd_close and by
+ *   each open region and graph handle; graphd_close ends the session at once,
+ *   and the client's memory, with every mapping, goes with the last release
+ *   (see graphd_close).
  *
  * Settings come from the environment (GRAPHD_ADDRESS, GRAPHD_TIMEOUT_MS,
  * GRAPHD_SPIN_US, GRAPHD_TLS_CA, GRAPHD_REPLAY_ORDER, GRAPHD_COPY_PARAM_GRADS),
@@ -140,12 +144,16 @@ typedef struct graphd_pool {
 int graphd_connect(const char *address /* [in][optional] NULL: $GRAPHD_ADDRESS, else default */,
                    graphd_client_t **out /* [out] */);
 /*
- * Ends the session if one is open (Goodbye, then closes the session socket),
- * unmaps and frees every region and graph handle of this client that is
- * still open (the daemon frees their graphs with the session), and destroys
- * the client. Pointers into those regions and graphs are invalid after it.
- * The Goodbye may wait up to GRAPHD_TIMEOUT_MS for a daemon that hangs; a
- * daemon that is gone answers at once. NULL is a no-op.
+ * Drops the caller's reference on c: ends the session if one is open
+ * (Goodbye, then closes the session socket; the daemon frees the session's
+ * regions, modules and graphs) and releases the gRPC channel. The caller
+ * must not pass c to any function after it. Region and graph handles still
+ * open stay valid, as after graphd_goodbye: host memory stays mapped and
+ * readable, replays fail with GRAPHD_EFAILED_PRECONDITION, and
+ * graphd_graph_release / graphd_region_release free them. Each holds a
+ * reference on the client, whose memory goes with the last of them (at once
+ * when none is open). The Goodbye may wait up to GRAPHD_TIMEOUT_MS for a
+ * daemon that hangs; a daemon that is gone answers at once. NULL is a no-op.
  */
 void graphd_close(graphd_client_t *c /* [in][optional] */);
 /* Message of the last failed call on c (never NULL; "" after a success). With c NULL, the
@@ -231,7 +239,8 @@ int graphd_region_map(graphd_client_t *c, uint64_t region_id, graphd_region_t **
 int graphd_region_free(graphd_client_t *c, graphd_region_t *r /* [in] consumed */);
 /* FreeRegion by id only: nothing is unmapped here. For tools and tests. */
 int graphd_region_free_id(graphd_client_t *c, uint64_t region_id);
-/* Unmaps the region here and frees the handle; the daemon keeps the region. NULL: no-op. */
+/* Unmaps the region here and frees the handle; the daemon keeps the region (until its session
+ * ends). The way to free a region handle after graphd_close. NULL: no-op. */
 void graphd_region_release(graphd_region_t *r /* [in][optional] consumed */);
 
 uint64_t graphd_region_id(const graphd_region_t *r);
@@ -429,7 +438,8 @@ int graphd_replay_rpc(graphd_graph_t *g, int phase, uint64_t *device_ns /* [out]
 /*
  * Unmaps and frees the handle, then ReleaseGraph (the daemon frees the graph
  * and its region), also when the RPC fails; the RPC's error is returned
- * (GRAPHD_EFAILED_PRECONDITION once the session has ended). NULL: no-op.
+ * (GRAPHD_EFAILED_PRECONDITION once the session has ended, by graphd_goodbye
+ * or graphd_close). NULL: no-op.
  */
 int graphd_graph_release(graphd_graph_t *g /* [in][optional] consumed */);
 

@@ -51,6 +51,11 @@ struct graphd_graph {
 };
 
 struct graphd_client {
+    /* The caller's reference (until graphd_close) and one per open region or graph handle (the
+     * lists below): the body, and with it every mapping, goes with the last. */
+    unsigned refs;
+    int closed;      /* graphd_close has ended the session and released the channel */
+    int grpc_inited; /* grpc_init done, grpc_shutdown owed */
     char *address;
     grpc_channel *channel;
     grpc_completion_queue *cq;
@@ -98,6 +103,11 @@ struct graphd_client {
  * err: for the calls that have no client (graphd_connect, graphd_setting). */
 int graphd__fail_thread(int err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void graphd__clear_thread_error(void);
+
+/* One more reference on c (a new handle, or a call that may drop the last one). */
+void graphd__client_ref(graphd_client_t *c);
+/* Drops a reference; the last one frees the body (graphd_close has released the rest). */
+void graphd__client_unref(graphd_client_t *c);
 
 /*
  * settings.c: the effective value of the client setting name (its environment variable, else
@@ -191,7 +201,8 @@ int graphd__cuda_replay_ordered(graphd_client_t *c, int device, void *stream, ui
  * this process's streams on them (the session ended). */
 void graphd__cuda_events_drop(graphd_client_t *c);
 
-/* Unmaps and frees a graph handle without telling the daemon (graphd_close). */
+/* Unmaps and frees a graph handle without telling the daemon, dropping its reference on the
+ * client. */
 void graphd__graph_forget(graphd_graph_t *g);
 
 /* Renders msg as a JSON value by walking its descriptor (see graphd_status_json). */

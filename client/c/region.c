@@ -2,8 +2,9 @@
  * Shared regions: AllocRegion/FreeRegion over gRPC, the memfd over the
  * session socket (MAP frame), and the caller's mapping. A device region's MAP
  * reply carries a CUDA IPC handle instead of a memfd; it is opened with the
- * CUDA runtime (cuda.c). Every handle is on its client's list so that
- * graphd_close can unmap what is left.
+ * CUDA runtime (cuda.c). Every handle is on its client's list and holds a
+ * reference on it, so that the client outlives graphd_close until the last
+ * handle is released.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -22,6 +23,7 @@ static void link_region(graphd_client_t *c, graphd_region_t *r)
     if (c->regions != NULL)
         c->regions->prev = r;
     c->regions = r;
+    graphd__client_ref(c);
 }
 
 static void unlink_region(graphd_region_t *r)
@@ -225,12 +227,16 @@ int graphd_region_free(graphd_client_t *c, graphd_region_t *r)
                             "region handle is NULL or not this "
                             "client's");
     uint64_t id = r->id;
+    graphd__client_ref(c); /* r's reference may be the last */
+    int rc;
     if (r->device >= 0) { /* the daemon's cudaFree must not come before this process's close */
         graphd_region_release(r);
-        return graphd_region_free_id(c, id);
+        rc = graphd_region_free_id(c, id);
+    } else {
+        rc = graphd_region_free_id(c, id);
+        graphd_region_release(r);
     }
-    int rc = graphd_region_free_id(c, id);
-    graphd_region_release(r);
+    graphd__client_unref(c);
     return rc;
 }
 
@@ -238,12 +244,14 @@ void graphd_region_release(graphd_region_t *r)
 {
     if (r == NULL)
         return;
+    graphd_client_t *c = r->client;
     if (r->device >= 0)
         graphd__cuda_close(r->device, r->ptr); /* NULL once closed at Goodbye */
     else
         munmap(r->ptr, (size_t)r->mapped_size);
     unlink_region(r);
     free(r);
+    graphd__client_unref(c);
 }
 
 void graphd__regions_close_device(graphd_client_t *c)

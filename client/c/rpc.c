@@ -39,6 +39,8 @@ int graphd__call(graphd_client_t *c, const char *method, const ProtobufCMessage 
                  const ProtobufCMessageDescriptor *reply_desc, ProtobufCMessage **reply)
 {
     *reply = NULL;
+    if (c->channel == NULL)
+        return graphd__fail(c, GRAPHD_EFAILED_PRECONDITION, "%s: the client is closed", method);
 
     size_t len = protobuf_c_message_get_packed_size(req);
     grpc_slice req_slice = grpc_slice_malloc(len);

@@ -679,16 +679,29 @@ static void close_and_goodbye_with_live_graphs(void **state)
     const int64_t xs[2] = {16, 16};
     graphd_tensor_spec_t arg = f32_spec(2, xs, 0);
 
-    /* graphd_close with graphs open: the daemon frees them with the session. */
+    /* graphd_close with graphs and a region open ends the session (the daemon frees them with
+     * it) but not the handles: each holds a reference on the client, whose memory and mappings
+     * go with the last release. Under ASan this checks that nothing leaks or is used freed. */
     graphd_client_t *c = harness_client(&f->h, "closer");
     assert_non_null(c);
     uint64_t sid = graphd_session_id(c);
     graphd_callable_t callable = {register_model(c, f, "mlp.pt"), NULL, 1, &arg};
-    graphd_graph_t *graphs[2];
-    assert_int_equal(graphd_capture(c, 1, &callable, NULL, &graphs[0]), GRAPHD_OK);
-    assert_int_equal(graphd_capture(c, 1, &callable, NULL, &graphs[1]), GRAPHD_OK);
-    assert_int_equal(graphd_replay(graphs[1], GRAPHD_PHASE_FORWARD, NULL), GRAPHD_OK);
-    uint64_t g0 = graphd_graph_id(graphs[0]), g1 = graphd_graph_id(graphs[1]);
+    harness_graph_t hg[2], left;
+    capture_ok(c, 1, &callable, NULL, &hg[0]);
+    capture_ok(c, 1, &callable, NULL, &hg[1]);
+    float *in = f32(&hg[1], GRAPHD_ROLE_INPUT, 0);
+    for (size_t i = 0; i < 16 * 16; i++)
+        in[i] = (float)i / 256.0f;
+    replay_ok(&hg[1], GRAPHD_PHASE_FORWARD, FAST);
+    size_t nout = harness_numel(tensor(&hg[1], GRAPHD_ROLE_OUTPUT, 0));
+    float *out1 = f32(&hg[1], GRAPHD_ROLE_OUTPUT, 0);
+    float *seen = malloc(nout * sizeof(*seen));
+    assert_non_null(seen);
+    memcpy(seen, out1, nout * sizeof(*seen));
+    graphd_region_t *r;
+    assert_int_equal(graphd_region_alloc(c, NULL, 4096, &r), GRAPHD_OK);
+    memset(graphd_region_ptr(r), 0x5a, 4096);
+    uint64_t g0 = graphd_graph_id(hg[0].g), g1 = graphd_graph_id(hg[1].g);
     json_t *st = harness_status(watch);
     assert_non_null(status_graph(st, g0));
     json_decref(st);
@@ -698,6 +711,25 @@ static void close_and_goodbye_with_live_graphs(void **state)
     assert_null(status_graph(st, g0));
     assert_null(status_graph(st, g1));
     json_decref(st);
+    /* The handles outlive the close: the static tensors and the region stay mapped and readable,
+     * replays fail, and the releases (the last frees the client) report the ended session. */
+    assert_memory_equal(f32(&hg[1], GRAPHD_ROLE_OUTPUT, 0), seen, nout * sizeof(*seen));
+    free(seen);
+    assert_int_equal(((unsigned char *)graphd_region_ptr(r))[4095], 0x5a);
+    assert_int_equal(graphd_graph_id(hg[0].g), g0);
+    assert_int_equal(graphd_replay(hg[0].g, GRAPHD_PHASE_FORWARD, NULL),
+                     GRAPHD_EFAILED_PRECONDITION);
+    assert_int_equal(graphd_replay_rpc(hg[1].g, GRAPHD_PHASE_FORWARD, NULL),
+                     GRAPHD_EFAILED_PRECONDITION);
+    assert_int_equal(harness_graph_release(&hg[1]), GRAPHD_EFAILED_PRECONDITION);
+    assert_int_equal(harness_graph_release(&hg[0]), GRAPHD_EFAILED_PRECONDITION);
+    assert_int_equal(((unsigned char *)graphd_region_ptr(r))[0], 0x5a);
+    graphd_region_release(r);
+
+    /* Closed with nothing open, the client goes at once (ASan: no leak). */
+    c = harness_client(&f->h, "closer2");
+    assert_non_null(c);
+    graphd_close(c);
 
     /* After Goodbye a graph's memory stays mapped; replay fails, release frees the handle. */
     c = harness_client(&f->h, "leaver");
@@ -705,15 +737,14 @@ static void close_and_goodbye_with_live_graphs(void **state)
     callable.module_id = register_model(c, f, "mlp.pt");
     graphd_graph_t *g;
     assert_int_equal(graphd_capture(c, 1, &callable, NULL, &g), GRAPHD_OK);
-    harness_graph_t hg;
-    assert_int_equal(harness_graph_load(&hg, c, g), 0);
+    assert_int_equal(harness_graph_load(&left, c, g), 0);
     assert_int_equal(graphd_goodbye(c), GRAPHD_OK);
-    float *out = f32(&hg, GRAPHD_ROLE_OUTPUT, 0);
+    float *out = f32(&left, GRAPHD_ROLE_OUTPUT, 0);
     out[0] = 1.5f;
     assert_float_equal(out[0], 1.5f, 0);
     assert_int_equal(graphd_replay(g, GRAPHD_PHASE_FORWARD, NULL), GRAPHD_EFAILED_PRECONDITION);
     assert_int_equal(graphd_replay_rpc(g, GRAPHD_PHASE_FORWARD, NULL), GRAPHD_EFAILED_PRECONDITION);
-    assert_int_equal(harness_graph_release(&hg), GRAPHD_EFAILED_PRECONDITION);
+    assert_int_equal(harness_graph_release(&left), GRAPHD_EFAILED_PRECONDITION);
     assert_int_equal(graphd_graph_release(NULL), GRAPHD_OK);
     graphd_close(c);
     graphd_close(watch);
