@@ -92,6 +92,7 @@ static void status_tables(void **state)
         if (strstr(r->out, want[i]) == NULL)
             fail_msg("'%s' missing from graphctl status:\n%s", want[i], r->out);
     graphd_close(c);
+    graphd_region_release(reg);
 
     r = graphctl("--address", h->address, "devices");
     assert_int_equal(r->status, 0);

@@ -282,6 +282,7 @@ static void sample_specs_the_module_rejects(void **state)
     g = capture_mlp(c, f, 0);
     replays_fine(c, g);
     graphd_close(c);
+    graphd_graph_release(g); /* the session is over: only frees the handle, and c */
 
     /* Without a session. */
     assert_int_equal(graphd_connect(f->h.address, &c), GRAPHD_OK);
@@ -431,6 +432,7 @@ static void unknown_and_released_graphs(void **state)
     assert_int_equal(dp_replay(s.fd, 5, gone_id, 0, msg, sizeof(msg)), NOT_FOUND);
     close(s.fd);
     replays_fine(c, keep);
+    expect(c, graphd_graph_release(keep), GRAPHD_OK, NULL);
     graphd_close(c);
 }
 
@@ -488,6 +490,7 @@ static void ordered_replays_without_cuda(void **state)
     expect_error_then_close(fd, "EVENTS without a handle");
     session_gone(bystander, sid, gid);
     graphd_close(c);
+    graphd_graph_release(g); /* the session is over: only frees the handle, and c */
     graphd_close(bystander);
 }
 
@@ -527,6 +530,7 @@ static void posted_replays_without_cuda(void **state)
     assert_int_equal(dp_read(fd, &more, 1), 0); /* EOF: the session is over */
     session_gone(bystander, sid, gid);
     graphd_close(c);
+    graphd_graph_release(g); /* the session is over: only frees the handle, and c */
     graphd_close(bystander);
 }
 
@@ -585,6 +589,8 @@ static void backward_before_forward(void **state)
     expect(c, graphd_replay(e, GRAPHD_PHASE_FORWARD, NULL), GRAPHD_OK, NULL);
     expect(c, graphd_replay(e, GRAPHD_PHASE_BACKWARD, NULL), GRAPHD_EFAILED_PRECONDITION, NULL);
     expect(c, graphd_replay_rpc(e, GRAPHD_PHASE_BACKWARD, NULL), GRAPHD_EFAILED_PRECONDITION, NULL);
+    expect(c, graphd_graph_release(e), GRAPHD_OK, NULL);
+    expect(c, graphd_graph_release(g), GRAPHD_OK, NULL);
     graphd_close(c);
 }
 
@@ -675,11 +681,13 @@ static void garbage_on_a_session_with_graphs(void **state)
         assert_int_equal(graphd_session_id(c), 0);
         expect(c, graphd_replay(g, GRAPHD_PHASE_FORWARD, NULL), GRAPHD_EFAILED_PRECONDITION, NULL);
         graphd_close(c);
+        assert_int_equal(graphd_graph_release(g), GRAPHD_EFAILED_PRECONDITION); /* frees c */
 
         /* Everyone else goes on. */
         expect(bystander, graphd_replay(bg, GRAPHD_PHASE_FORWARD, NULL), GRAPHD_OK, NULL);
         expect(bystander, graphd_replay_rpc(bg, GRAPHD_PHASE_BACKWARD, NULL), GRAPHD_OK, NULL);
     }
+    expect(bystander, graphd_graph_release(bg), GRAPHD_OK, NULL);
     graphd_close(bystander);
 }
 
@@ -705,10 +713,13 @@ static void replay_timeout(void **state)
     assert_int_equal(graphd_session_id(c), 0);
     expect(c, graphd_replay(g, GRAPHD_PHASE_FORWARD, NULL), GRAPHD_EFAILED_PRECONDITION, NULL);
     graphd_close(c);
+    graphd_graph_release(g); /* the session is over: only frees the handle, and c */
 
     graphd_client_t *other = harness_client(&f->h, "patient");
     assert_non_null(other);
-    replays_fine(other, capture_mlp(other, f, 0));
+    g = capture_mlp(other, f, 0);
+    replays_fine(other, g);
+    expect(other, graphd_graph_release(g), GRAPHD_OK, NULL);
     graphd_close(other);
 }
 

@@ -58,6 +58,7 @@ static void sigterm_with_sessions_exits_zero(void **state)
     graphd_close(a);
     graphd_close(idle);
     assert_true(harness_now_ms() - t0 < 5000);
+    graphd_region_release(r); /* the last handle: frees a's client */
 }
 
 static void missing_daemon_is_unavailable_fast(void **state)

@@ -277,11 +277,17 @@ static void goodbye_frees_but_mapping_stays(void **state)
     assert_int_equal(graphd_hello(c, "again"), GRAPHD_OK);
     assert_int_equal(graphd_hello(c, "twice"), GRAPHD_EFAILED_PRECONDITION);
     assert_int_equal(graphd_region_alloc(c, NULL, 10, &r2), GRAPHD_OK);
-    /* graphd_close ends the session and unmaps both handles. */
+    /* graphd_close ends the session (the daemon frees r2); both handles stay mapped until they are
+     * released, the last freeing the client. */
+    fill(r2, 3);
     graphd_close(c);
     k = pool_counts(watch, "default");
     assert_int_equal(k.reserved, base.reserved);
     assert_int_equal(k.daemon_sessions, base.daemon_sessions - 1);
+    assert_true(check(graphd_region_ptr(r), 8192, 9));
+    assert_true(check(graphd_region_ptr(r2), 10, 3));
+    graphd_region_release(r);
+    graphd_region_release(r2);
     graphd_close(watch);
 }
 
