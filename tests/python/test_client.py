@@ -1,17 +1,50 @@
 """graphd.Client against a real daemon: status, devices, pools, errors, pool handles."""
+import ctypes
+import ctypes.util
 import os
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 import graphd
 from graphd import _lib
 
+REPO = Path(__file__).resolve().parents[2]
+
 
 def test_library_is_the_build_one(daemon):
     path = os.path.realpath(_lib.lib_path())
     assert path == os.path.realpath(os.path.join(os.environ["GRAPHD_BUILD"], "libgraphd.so"))
+
+
+def _header_functions():
+    """The names of the functions graphd.h declares."""
+    text = (REPO / "client" / "c" / "graphd.h").read_text()
+    text = re.sub(r"/\*.*?\*/", "", text, flags=re.S)  # comments may mention calls
+    return set(re.findall(r"\b(graphd_[a-z0-9_]+)\s*\(", text)) - {"graphd_err_t"}
+
+
+def test_every_function_is_bound_at_load():
+    """The package binds every function of graphd.h when the library loads (restype and
+    argtypes): none is looked up later, and a new one cannot be forgotten."""
+    declared = _header_functions()
+    assert "graphd_capture" in declared and "graphd_setting" in declared
+    assert declared == set(_lib._PROTOS)
+    L = _lib.lib()
+    for name, (restype, argtypes) in _lib._PROTOS.items():
+        fn = getattr(L, name)
+        assert fn.restype is restype and fn.argtypes == argtypes, name
+    assert not hasattr(_lib, "capture_fn") and not hasattr(_lib, "has_capture_api")
+
+
+def test_a_missing_function_is_an_oserror_naming_the_library():
+    libc = ctypes.util.find_library("c")
+    with pytest.raises(OSError) as e:
+        _lib._bind(ctypes.CDLL(libc), libc)
+    assert libc in str(e.value) and "graphd_" in str(e.value)
 
 
 def test_status_sections(client, daemon):

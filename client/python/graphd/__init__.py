@@ -5,9 +5,11 @@ XPU one) whose graphs live in the graphd daemon; ``graphd.Client`` talks to the 
 devices, pools). The package is ctypes over libgraphd (no gRPC or protobuf in Python); torch is
 imported only by make_graphed_callables.
 
-Environment: GRAPHD_ADDRESS (daemon address, default unix:/run/graphd/graphd.sock), GRAPHD_LIB
-(path of libgraphd.so), GRAPHD_BUILD (a build directory holding it), GRAPHD_TIMEOUT_MS (libgraphd's
-per-call deadline).
+Environment: GRAPHD_LIB (path of libgraphd.so) and GRAPHD_BUILD (a build directory holding it)
+find the library; every other setting (GRAPHD_ADDRESS, GRAPHD_TIMEOUT_MS, ...) is read by libgraphd
+through its one table. README.md, "Settings (environment)", lists them all.
+
+``graphd.__version__`` is libgraphd's version, the repository's VERSION file, as the daemon's.
 """
 from .client import (DEFAULT_ADDRESS, Client, Graph, PoolHandle, Region, default_client,
                      graph_pool_handle)
@@ -15,14 +17,21 @@ from .errors import (AlreadyExists, FailedPrecondition, GraphdError, Internal, I
                      NotFound, PerformanceWarning, PermissionDenied, ResourceExhausted,
                      Unavailable)
 
-__version__ = "0.1.0"
-
 __all__ = [
     "make_graphed_callables", "graph_pool_handle", "Client", "default_client", "Graph",
     "PoolHandle", "Region", "DEFAULT_ADDRESS", "GraphdError", "InvalidArgument", "NotFound",
     "AlreadyExists", "PermissionDenied", "ResourceExhausted", "FailedPrecondition", "Unavailable",
     "Internal", "PerformanceWarning",
 ]
+
+
+def __getattr__(name):
+    # __version__ comes from libgraphd (built with VERSION, as the daemon), read when first asked
+    # for: the package and the library ship together, and importing graphd loads nothing.
+    if name == "__version__":
+        from . import _lib
+        return _lib.version()
+    raise AttributeError("module %r has no attribute %r" % (__name__, name))
 
 
 def make_graphed_callables(callables, sample_args, num_warmup_iters=3, allow_unused_input=False,

@@ -1,5 +1,6 @@
-"""ctypes bindings of libgraphd (client/c/graphd.h): finding the library, its structs and the
-prototypes of the functions the package calls. Nothing here knows about torch.
+"""ctypes bindings of libgraphd (client/c/graphd.h): finding the library, its structs, the
+prototypes of all its functions (bound when it loads: the package and the library ship together),
+and the client settings and version it reports. Nothing here knows about torch.
 
 The library is looked up, first match wins, in: $GRAPHD_LIB (a file); $GRAPHD_BUILD/libgraphd.so
 (a build directory); <repo>/build/libgraphd.so when the package runs from the source tree;
@@ -10,6 +11,8 @@ import ctypes
 import ctypes.util
 import os
 import threading
+
+from .errors import make_error
 
 GRAPHD_MAX_DIMS = 8
 PHASE_FORWARD = 0
@@ -75,11 +78,17 @@ _P = ctypes.c_void_p  # opaque handles: graphd_client_t *, graphd_graph_t *
 _SIZE_P = ctypes.POINTER(ctypes.c_size_t)
 _U64_P = ctypes.POINTER(ctypes.c_uint64)
 
-# name: (restype, argtypes). The capture API is optional so that an older library still serves
-# status and pools; calling it then raises a clear error.
+# Every function of graphd.h, name: (restype, argtypes), bound when the library loads; one it
+# lacks is an OSError naming the library (tests/python/test_client.py checks this list against
+# graphd.h).
 _PROTOS = {
     "graphd_strerror": (_c.c_char_p, [_c.c_int]),
     "graphd_err_name": (_c.c_char_p, [_c.c_int]),
+    "graphd_err_from_grpc": (_c.c_int, [_c.c_int]),
+    "graphd_err_to_grpc": (_c.c_int, [_c.c_int]),
+    "graphd_version": (_c.c_char_p, []),
+    "graphd_setting": (_c.c_int, [_c.c_char_p, _c.c_char_p, _SIZE_P]),
+    "graphd_setting_name": (_c.c_char_p, [_c.c_size_t]),
     "graphd_connect": (_c.c_int, [_c.c_char_p, _c.POINTER(_P)]),
     "graphd_close": (None, [_P]),
     "graphd_last_error": (_c.c_char_p, [_P]),
@@ -87,6 +96,7 @@ _PROTOS = {
     "graphd_hello": (_c.c_int, [_P, _c.c_char_p]),
     "graphd_goodbye": (_c.c_int, [_P]),
     "graphd_session_id": (_c.c_uint64, [_P]),
+    "graphd_session_socket": (_c.c_char_p, [_P]),
     "graphd_daemon_version": (_c.c_char_p, [_P]),
     "graphd_list_devices": (_c.c_int, [_P, _SIZE_P, _c.POINTER(Device)]),
     "graphd_list_pools": (_c.c_int, [_P, _SIZE_P, _c.POINTER(Pool)]),
@@ -94,8 +104,6 @@ _PROTOS = {
                                       _c.POINTER(Pool)]),
     "graphd_pool_delete": (_c.c_int, [_P, _c.c_char_p]),
     "graphd_status_json": (_c.c_int, [_P, _c.c_char_p, _SIZE_P]),
-}
-_CAPTURE_PROTOS = {
     "graphd_module_register": (_c.c_int, [_P, _c.c_void_p, _c.c_size_t, _c.c_char_p, _U64_P]),
     "graphd_module_release": (_c.c_int, [_P, _c.c_uint64]),
     "graphd_capture_opts_init": (None, [_c.POINTER(CaptureOpts)]),
@@ -113,7 +121,10 @@ _CAPTURE_PROTOS = {
     # regions (graphd.Region): handles are graphd_region_t *
     "graphd_region_alloc": (_c.c_int, [_P, _c.c_char_p, _c.c_uint64, _c.POINTER(_P)]),
     "graphd_region_alloc_device": (_c.c_int, [_P, _c.c_char_p, _c.c_uint64, _c.POINTER(_P)]),
+    "graphd_region_map": (_c.c_int, [_P, _c.c_uint64, _c.POINTER(_P)]),
     "graphd_region_free": (_c.c_int, [_P, _P]),
+    "graphd_region_free_id": (_c.c_int, [_P, _c.c_uint64]),
+    "graphd_region_release": (None, [_P]),
     "graphd_region_id": (_c.c_uint64, [_P]),
     "graphd_region_ptr": (_c.c_void_p, [_P]),
     "graphd_region_is_device": (_c.c_int, [_P]),
@@ -147,13 +158,12 @@ def _candidates():
     yield "libgraphd.so.0"
 
 
-def _bind(lib, protos, required):
-    for name, (restype, argtypes) in protos.items():
+def _bind(lib, path):
+    for name, (restype, argtypes) in _PROTOS.items():
         fn = getattr(lib, name, None)
         if fn is None:
-            if required:
-                raise OSError("%s does not export %s" % (lib._name, name))
-            continue
+            raise OSError("graphd: libgraphd at %s does not export %s(): the package and the "
+                          "library ship together; rebuild or reinstall both" % (path, name))
         fn.restype = restype
         fn.argtypes = argtypes
 
@@ -177,8 +187,7 @@ def lib():
             except OSError as e:
                 tried.append("%s (%s)" % (path, e))
                 continue
-            _bind(handle, _PROTOS, True)
-            _bind(handle, _CAPTURE_PROTOS, False)
+            _bind(handle, path)
             _lib, _lib_path = handle, path
             return _lib
         raise OSError("graphd: cannot load libgraphd; set GRAPHD_LIB to its path. Tried: " +
@@ -191,19 +200,43 @@ def lib_path():
     return _lib_path
 
 
-def has_capture_api():
-    return hasattr(lib(), "graphd_capture")
-
-
-def capture_fn(name):
-    """A function of the capture API; OSError naming the library when it lacks it."""
-    fn = getattr(lib(), name, None)
-    if fn is None:
-        raise OSError("libgraphd at %s has no %s(): it predates the capture API; rebuild it "
-                      "(make build/libgraphd.so)" % (_lib_path, name))
-    return fn
-
-
 def text(b):
     """A C string (bytes or None) as str."""
     return b.decode("utf-8", "replace") if b else ""
+
+
+def version():
+    """libgraphd's version: the VERSION file it was built from (graphd.__version__)."""
+    return text(lib().graphd_version())
+
+
+def setting(name):
+    """The effective value (str) of a client setting, read by libgraphd from the environment now
+    through its one table (README, "Settings (environment)"): the default when unset or empty,
+    else the value checked and normalized ("0250" => "250"). graphd.InvalidArgument naming the
+    variable, its value and what is accepted (the message graphd_connect gives too);
+    graphd.NotFound for a name that is not a setting."""
+    L = lib()
+    encoded = name.encode()
+    while True:
+        need = ctypes.c_size_t(0)
+        rc = L.graphd_setting(encoded, None, ctypes.byref(need))
+        if rc == 0:
+            buf = ctypes.create_string_buffer(need.value)
+            rc = L.graphd_setting(encoded, buf, ctypes.byref(need))
+            if rc == ETRUNC:
+                continue  # the environment changed in between
+        if rc != 0:
+            raise make_error(text(L.graphd_err_name(rc)), text(L.graphd_last_error(None)), rc)
+        return buf.value.decode("utf-8", "surrogateescape")
+
+
+def setting_names():
+    """The names of every client setting in libgraphd's table, in its order."""
+    L = lib()
+    names = []
+    while True:
+        name = L.graphd_setting_name(len(names))
+        if name is None:
+            return names
+        names.append(text(name))

@@ -57,11 +57,12 @@ class Graph:
         self.pool = pool
         self.device = None  # "cuda:N" for a device-resident graph (set by make_graphed_callables)
         self.copy_param_grads = False  # as captured (device-resident graphs only)
-        self.id = int(_lib.capture_fn("graphd_graph_id")(handle))
-        self.training = bool(_lib.capture_fn("graphd_graph_training")(handle))
-        self.has_backward = bool(_lib.capture_fn("graphd_graph_has_backward")(handle))
+        L = _lib.lib()
+        self.id = int(L.graphd_graph_id(handle))
+        self.training = bool(L.graphd_graph_training(handle))
+        self.has_backward = bool(L.graphd_graph_has_backward(handle))
         count = ctypes.c_size_t(0)
-        fn = _lib.capture_fn("graphd_graph_tensors")
+        fn = L.graphd_graph_tensors
         rc = fn(handle, ctypes.byref(count), None)
         if rc == 0 and count.value:
             items = (_lib.Tensor * count.value)()
@@ -100,15 +101,15 @@ class Region:
     collected if free() was not called."""
 
     def __init__(self, client, handle, pool):
-        fn = _lib.capture_fn
+        L = _lib.lib()
         self._client = client
         self._handle = handle
         self.pool = pool
-        self.id = int(fn("graphd_region_id")(handle))
-        self.size = int(fn("graphd_region_size")(handle))
-        self.mapped_size = int(fn("graphd_region_mapped_size")(handle))
-        self.ptr = int(fn("graphd_region_ptr")(handle) or 0)
-        self.is_device = bool(fn("graphd_region_is_device")(handle))
+        self.id = int(L.graphd_region_id(handle))
+        self.size = int(L.graphd_region_size(handle))
+        self.mapped_size = int(L.graphd_region_mapped_size(handle))
+        self.ptr = int(L.graphd_region_ptr(handle) or 0)
+        self.is_device = bool(L.graphd_region_is_device(handle))
         self._finalizer = weakref.finalize(self, client._free_region, handle)
         self._finalizer.atexit = False
 
@@ -145,18 +146,18 @@ class PoolHandle:
 
 class Client:
     """A connection to graphd. address: a gRPC target ("unix:/path", or a bare path); default
-    $GRAPHD_ADDRESS, else unix:/run/graphd/graphd.sock. Connecting does no I/O: an absent daemon
-    shows as graphd.Unavailable from the first call. Usable as a context manager. Calls are
-    serialised by a lock, so one client may be shared between threads."""
+    $GRAPHD_ADDRESS, else unix:/run/graphd/graphd.sock (libgraphd reads the settings: an invalid
+    one is a graphd.InvalidArgument naming it). Connecting does no I/O: an absent daemon shows as
+    graphd.Unavailable from the first call. Usable as a context manager. Calls are serialised by
+    a lock, so one client may be shared between threads."""
 
     def __init__(self, address=None, name=None):
         L = _lib.lib()
-        if address is None:
-            address = os.environ.get("GRAPHD_ADDRESS") or DEFAULT_ADDRESS
         handle = ctypes.c_void_p()
-        rc = L.graphd_connect(str(address).encode(), ctypes.byref(handle))
-        if rc != 0:
-            raise _error(rc, "cannot make a client for %r" % (address,))
+        rc = L.graphd_connect(str(address).encode() if address else None, ctypes.byref(handle))
+        if rc != 0:  # the message names the setting or the address at fault
+            raise _error(rc, _lib.text(L.graphd_last_error(None)) or
+                         "cannot make a client for %r" % (address,))
         self._h = handle
         self._lock = threading.RLock()
         self._name = name or "python:%s" % (os.path.basename(sys.argv[0] or "") or "python")
@@ -331,7 +332,8 @@ class Client:
         CUDA IPC (graphd.InvalidArgument for a pool that is not on a cuda device). Returns a
         Region. graphd.ResourceExhausted past the pool's limit."""
         pool_name = pool.name if isinstance(pool, PoolHandle) else pool
-        fn = _lib.capture_fn("graphd_region_alloc_device" if device else "graphd_region_alloc")
+        L = _lib.lib()
+        fn = L.graphd_region_alloc_device if device else L.graphd_region_alloc
         handle = ctypes.c_void_p()
         with self._lock:
             self._check_open()
@@ -348,7 +350,7 @@ class Client:
         with self._lock:
             if not self._h:
                 return  # graphd_close freed the handle with the client
-            rc = _lib.capture_fn("graphd_region_free")(self._h, handle)
+            rc = _lib.lib().graphd_region_free(self._h, handle)
             if rc != 0 and raise_errors and self._session:
                 raise self._fail(rc, "FreeRegion failed")
 
@@ -357,7 +359,7 @@ class Client:
     def register_module(self, archive, name=None):
         """Registers a TorchScript archive (bytes) for this client's session; returns its id."""
         mid = ctypes.c_uint64(0)
-        fn = _lib.capture_fn("graphd_module_register")
+        fn = _lib.lib().graphd_module_register
         with self._lock:
             self._check_open()
             self._ensure_session()
@@ -368,7 +370,7 @@ class Client:
         return int(mid.value)
 
     def release_module(self, module_id):
-        fn = _lib.capture_fn("graphd_module_release")
+        fn = _lib.lib().graphd_module_release
         with self._lock:
             self._check_open()
             rc = fn(self._h, int(module_id))
@@ -406,7 +408,7 @@ class Client:
             cs[i].n_args = len(specs)
             cs[i].args = arr
         opts = _lib.CaptureOpts()
-        _lib.capture_fn("graphd_capture_opts_init")(ctypes.byref(opts))
+        _lib.lib().graphd_capture_opts_init(ctypes.byref(opts))
         opts.num_warmup_iters = int(num_warmup_iters)
         opts.allow_unused_input = 1 if allow_unused_input else 0
         opts.device_resident = 1 if device_resident else 0
@@ -414,7 +416,7 @@ class Client:
         pool_name = pool.name if isinstance(pool, PoolHandle) else pool
         opts.pool = pool_name.encode() if pool_name else None
         handles = (ctypes.c_void_p * n)()
-        fn = _lib.capture_fn("graphd_capture")
+        fn = _lib.lib().graphd_capture
         with self._lock:
             self._check_open()
             self._ensure_session()
@@ -437,11 +439,12 @@ class Client:
         """One replay: stream-ordered when stream (a cudaStream_t as int) is given, else the REPLAY
         frame or, with rpc, the gRPC Replay."""
         ns = ctypes.c_uint64(0)
+        L = _lib.lib()
         if stream is not None:
-            fn = _lib.capture_fn("graphd_replay_stream")
+            fn = L.graphd_replay_stream
             args = (handle, int(phase), ctypes.c_void_p(int(stream) or None), ctypes.byref(ns))
         else:
-            fn = _lib.capture_fn("graphd_replay_rpc" if rpc else "graphd_replay")
+            fn = L.graphd_replay_rpc if rpc else L.graphd_replay
             args = (handle, int(phase), ctypes.byref(ns))
         with self._lock:
             self._check_open()
@@ -457,7 +460,7 @@ class Client:
         Returns the previous setting."""
         with self._lock:
             self._check_open()
-            return bool(_lib.capture_fn("graphd_set_replay_posted")(self._h, 1 if posted else 0))
+            return bool(_lib.lib().graphd_set_replay_posted(self._h, 1 if posted else 0))
 
     def _release_graph(self, handle):
         if _exiting:
@@ -465,7 +468,7 @@ class Client:
         with self._lock:
             if not self._h:
                 return
-            _lib.capture_fn("graphd_graph_release")(handle)
+            _lib.lib().graphd_graph_release(handle)
             self._live_graphs -= 1
             if self._closed and self._live_graphs == 0:
                 _lib.lib().graphd_close(self._h)
