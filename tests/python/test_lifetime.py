@@ -1,6 +1,8 @@
 """Lifetimes across the ctypes boundary: mapped static memory outlives Client.close() while a
-tensor still points into it; the libgraphd client goes with its last graph; replay errors come
-back as exceptions with the daemon's status."""
+tensor still points into it (libgraphd keeps each graph and region handle, and its mapping, until
+it is released, after graphd_close too); replay errors come back as exceptions with the daemon's
+status."""
+import ctypes
 import gc
 import io
 
@@ -34,16 +36,20 @@ def test_close_with_a_live_graph(daemon):
     sid = c.session_id
     assert sid in _sessions()
 
+    r = c.alloc_region(64)
+    ctypes.memset(r.ptr, 7, 64)
     c.close()
+    assert c._h is None  # graphd_close at once: the handles hold the libgraphd client
     assert sid not in _sessions()  # Goodbye: the daemon freed the session's graph and region
     assert torch.equal(static.outputs[0], out)  # still mapped here
     static.inputs[0].fill_(2.0)
+    assert ctypes.string_at(r.ptr, 64) == b"\x07" * 64
     with pytest.raises(graphd.FailedPrecondition):
         g.replay(0)
-    assert c._h is not None  # the libgraphd client waits for its last graph
-    del g, static
+    r.free()  # after close: only unmaps (the daemon freed it with the session)
+    r.free()
+    del g, static  # the graph's finalizer releases the handle, the client's last reference
     gc.collect()
-    assert c._h is None
 
 
 def test_replay_errors(daemon):

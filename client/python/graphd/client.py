@@ -5,8 +5,9 @@ Lifetimes. A Client owns one libgraphd client and at most one session (opened on
 A Graph owns one libgraphd graph handle and, through it, the mapping of the graph's static
 region; the torch tensors made over that mapping keep the Graph alive, so the mapping stays valid
 while any of them is used. The Graph releases itself (ReleaseGraph, unmap) when it is garbage
-collected. Client.close() ends the session at once; the libgraphd client itself is destroyed
-when its last Graph goes, so that no mapping disappears under a live tensor.
+collected. Client.close() ends the session and closes the libgraphd client at once; libgraphd
+keeps each open graph and region handle (and its mapping) valid until it is released, so that no
+mapping disappears under a live tensor (graphd.h, graphd_close).
 """
 import atexit
 import ctypes
@@ -163,7 +164,6 @@ class Client:
         self._name = name or "python:%s" % (os.path.basename(sys.argv[0] or "") or "python")
         self._session = False
         self._closed = False
-        self._live_graphs = 0
         self._owned_pools = []
         self.address = _lib.text(L.graphd_address(handle))
         _clients.add(self)
@@ -291,8 +291,9 @@ class Client:
         return dev
 
     def close(self):
-        """Ends the session (the daemon frees its regions and graphs) and, once no Graph of this
-        client is alive, destroys the libgraphd client. Idempotent."""
+        """Ends the session (the daemon frees its regions and graphs) and closes the libgraphd
+        client. Graphs and Regions still alive keep their memory mapped here until they go;
+        their replays raise graphd.FailedPrecondition. Idempotent."""
         with self._lock:
             if self._closed:
                 return
@@ -304,12 +305,10 @@ class Client:
             for pool in self._owned_pools:  # empty now that the session's regions are gone
                 L.graphd_pool_delete(self._h, pool.encode())
             self._owned_pools = []
-            if self._live_graphs == 0:
-                L.graphd_close(self._h)
-                self._h = None
+            L.graphd_close(self._h)  # live graph and region handles keep what they map
+            self._h = None
 
     def __del__(self):
-        # Unreachable, so no Graph of this client is alive (each holds its client).
         if not _exiting and not getattr(self, "_closed", True):
             try:
                 self.close()
@@ -348,8 +347,9 @@ class Client:
         if _exiting:
             return  # the process is going: the daemon reclaims on EOF
         with self._lock:
-            if not self._h:
-                return  # graphd_close freed the handle with the client
+            if not self._h:  # closed: the daemon freed the region with the session
+                _lib.lib().graphd_region_release(handle)
+                return
             rc = _lib.lib().graphd_region_free(self._h, handle)
             if rc != 0 and raise_errors and self._session:
                 raise self._fail(rc, "FreeRegion failed")
@@ -423,7 +423,6 @@ class Client:
             rc = fn(self._h, n, cs, ctypes.byref(opts), handles)
             if rc != 0:
                 raise self._fail(rc, "Capture failed")
-            self._live_graphs += n
         graphs = []
         try:
             for i in range(n):
@@ -465,14 +464,8 @@ class Client:
     def _release_graph(self, handle):
         if _exiting:
             return  # the process is going: the daemon reclaims on EOF
-        with self._lock:
-            if not self._h:
-                return
+        with self._lock:  # also after close(): the handle holds the libgraphd client
             _lib.lib().graphd_graph_release(handle)
-            self._live_graphs -= 1
-            if self._closed and self._live_graphs == 0:
-                _lib.lib().graphd_close(self._h)
-                self._h = None
 
 
 _default = None
