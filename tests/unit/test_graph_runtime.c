@@ -1857,7 +1857,7 @@ typedef struct rng_worker {
     char err[256];
 } rng_worker_t;
 
-static uint8_t *worker_tensor(const rng_worker_t *w, int role)
+static void *worker_tensor(const rng_worker_t *w, int role)
 {
     for (size_t k = 0; k < w->count; k++)
         if (w->layout[k].role == role && w->layout[k].index == 0)
@@ -1872,8 +1872,8 @@ static void *rng_replayer(void *arg)
     rng_worker_t *w = arg;
     const double *state0 = ref("drop.state0", RNG_BYTES), *x = ref("drop.x", 24);
     const double *outs[2] = {ref("drop.out1", 32), ref("drop.out2", 32)};
-    float *in = (float *)worker_tensor(w, GR_ROLE_INPUT);
-    const float *out = (const float *)worker_tensor(w, GR_ROLE_OUTPUT);
+    float *in = worker_tensor(w, GR_ROLE_INPUT);
+    const float *out = worker_tensor(w, GR_ROLE_OUTPUT);
     uint8_t *s = worker_tensor(w, GR_ROLE_RNG_STATE);
     for (int r = 0; r < w->rounds && w->err[0] == '\0'; r++) {
         for (size_t i = 0; i < 24; i++)
