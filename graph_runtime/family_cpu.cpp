@@ -133,6 +133,13 @@ class GeneratorSwap
     at::Tensor saved_;
 };
 
+/* A callable with an RNG_STATE: where a FORWARD copies the client's state before checking it
+ * (the client's memory may change while libtorch reads it). Made once: a clone per replay cost
+ * microseconds. */
+struct CpuCallable final : FamilyState {
+    at::Tensor state;
+};
+
 /* Holds cpu_generator_mutex() when the callable (or capture) draws random numbers. */
 std::unique_lock<std::mutex> lock_if(bool random)
 {
@@ -169,6 +176,9 @@ class CpuFamily final : public Family
     {
         if (!c.rng_state.defined())
             return;
+        auto st = std::make_unique<CpuCallable>();
+        st->state = at::empty_like(c.rng_state);
+        c.family_state = std::move(st);
         std::lock_guard<std::mutex> lock(cpu_generator_mutex());
         at::Generator gen = at::detail::getDefaultCPUGenerator();
         std::lock_guard<std::mutex> gen_lock(gen.mutex());
@@ -196,11 +206,18 @@ class CpuFamily final : public Family
             run_forward(c);
             return;
         }
+        auto *st = dynamic_cast<CpuCallable *>(c.family_state.get());
+        if (st == nullptr)
+            throw Error(GR_EINTERNAL, "CPU callable with an rng_state but no family state");
+        const size_t bytes = c.rng_state.nbytes();
         std::lock_guard<std::mutex> lock(cpu_generator_mutex());
-        /* A private copy: the client's memory may change while libtorch reads it. */
-        GeneratorSwap swap(c.rng_state.clone(), "rng_state tensor '" + c.rng->name + "'");
+        std::memcpy(st->state.data_ptr(), c.rng_state.data_ptr(), bytes);
+        GeneratorSwap swap(st->state, "rng_state tensor '" + c.rng->name + "'");
         run_forward(c);
-        c.rng_state.copy_(swap.state());
+        const at::Tensor advanced = swap.state();
+        if (advanced.nbytes() != bytes)
+            throw Error(GR_EINTERNAL, "the generator's state changed size during the replay");
+        std::memcpy(c.rng_state.data_ptr(), advanced.data_ptr(), bytes);
     }
     void replay_backward(Callable &c, const Order * /*order*/) const override
     {
