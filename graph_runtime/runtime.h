@@ -326,10 +326,11 @@ int gr_capture_layout(const gr_capture_t *c, size_t i, size_t *count,
 int gr_capture_info(const gr_capture_t *c, size_t i, gr_graph_info_t *out);
 /* Phase 2. bases[i] is callable i's static block: total_bytes, GR_ALIGN-aligned, valid until
  * gr_graph_destroy of graphs[i]; it is zeroed, then the sample args and the current parameter
- * and buffer values (buffers as warm-up left them) are copied in, and the module's parameters
- * and buffers are rebound to the PARAM and BUFFER tensors (writes to them change what the next
- * replay computes). Captures forwards in order and backwards in reverse order, leaving the
- * buffers as they were, then fills graphs[0..n-1]. c is consumed whether or not it succeeds. */
+ * and buffer values (buffers as warm-up left them) are copied in, and any RNG_STATE gets the
+ * daemon generator's current state; the module's parameters and buffers are rebound to the PARAM
+ * and BUFFER tensors (writes to them change what the next replay computes). Captures forwards in
+ * order and backwards in reverse order, leaving the buffers as they were, then fills
+ * graphs[0..n-1]. c is consumed whether or not it succeeds. */
 int gr_capture_finish(gr_capture_t *c, void *const *bases, gr_graph_t **graphs /* [out] */);
 /* Frees a prepared capture that will not be finished. */
 int gr_capture_abort(gr_capture_t *c);
