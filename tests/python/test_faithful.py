@@ -310,3 +310,65 @@ def test_graphed_function_copy_is_refused():
         copy.deepcopy(g)
     with pytest.raises(TypeError, match="cannot be pickled"):
         pickle.dumps(g)
+
+
+# ---- random numbers follow the client's generator ---------------------------------------------
+
+class DropMLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(8, 32), nn.Linear(32, 4)
+        self.drop = nn.Dropout(0.5)
+
+    def forward(self, x):
+        h = self.drop(torch.relu(self.fc1(x)))
+        return self.fc2(h) + 0.01 * torch.randn_like(self.fc2.bias)
+
+
+def _train_dropout(graphed, seed, steps=8):
+    """(losses, outputs, final parameters, generator state) of `steps` SGD steps of DropMLP from
+    the same initial parameters, seeded with `seed` after graphing."""
+    torch.manual_seed(0)
+    m = DropMLP()
+    data = [(torch.randn(16, 8), torch.randn(16, 4)) for _ in range(steps)]
+    if graphed:
+        graphd.make_graphed_callables(m, (data[0][0],))
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    torch.manual_seed(seed)
+    losses, outs = [], []
+    for x, y in data:
+        opt.zero_grad()
+        out = m(x)
+        loss = (out - y).pow(2).mean()
+        loss.backward()
+        opt.step()
+        losses.append(loss.detach().clone())
+        outs.append(out.detach().clone())
+    return losses, outs, [p.detach().clone() for p in m.parameters()], torch.get_rng_state()
+
+
+def test_random_ops_follow_the_clients_seed_bitwise():
+    """The same seed gives eager's dropout masks and noise, bit for bit, run after run; the
+    client's generator ends where eager's does; masks differ from step to step; another seed
+    gives other masks."""
+    e_losses, e_outs, e_params, e_rng = _train_dropout(False, 1234)
+    for _ in range(2):
+        g_losses, g_outs, g_params, g_rng = _train_dropout(True, 1234)
+        assert all(torch.equal(a, b) for a, b in zip(e_outs, g_outs))
+        assert all(torch.equal(a, b) for a, b in zip(e_losses, g_losses))
+        assert all(torch.equal(a, b) for a, b in zip(e_params, g_params))
+        assert torch.equal(e_rng, g_rng)
+    assert not torch.equal(g_outs[0], g_outs[1])
+    other = _train_dropout(True, 99)[1]
+    assert not torch.equal(other[0], g_outs[0])
+
+
+def test_graph_without_random_ops_leaves_the_generator_alone():
+    m = nn.Linear(4, 2)
+    x = torch.randn(3, 4)
+    graphd.make_graphed_callables(m, (x,))
+    assert m._graphd_runner.static.rng is None
+    torch.manual_seed(5)
+    before = torch.get_rng_state()
+    m(x).sum().backward()
+    assert torch.equal(torch.get_rng_state(), before)

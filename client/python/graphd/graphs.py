@@ -55,7 +55,6 @@ Where graphd differs, and why:
 import copy
 import ctypes
 import operator
-import os
 import warnings
 import weakref
 
@@ -74,20 +73,6 @@ _DTYPES = {
     torch.int8: _lib.DTYPE_INT8, torch.uint8: _lib.DTYPE_UINT8, torch.bool: _lib.DTYPE_BOOL,
 }
 _TORCH_DTYPES = {v: k for k, v in _DTYPES.items()}
-
-# How device-resident replays are ordered against this process's CUDA work: "posted" (default:
-# sequence counters written and waited for by the streams, no answer waited for), "events"
-# (CUDA IPC events, each replay waiting for the daemon's launch; libgraphd reads the variable
-# too) or "sync" (host synchronisation on both sides; slower, for comparison and debugging).
-_ORDER = os.environ.get("GRAPHD_REPLAY_ORDER", "posted")
-if _ORDER not in ("posted", "events", "sync"):
-    raise ImportError("graphd: GRAPHD_REPLAY_ORDER must be 'posted', 'events' or 'sync', not %r"
-                      % _ORDER)
-
-# Device-resident captures: "1" has the backward graph copy each parameter gradient into the
-# graph's own region (a device copy per gradient per step) instead of leaving it in the graph
-# mempool; for comparison.
-_COPY_PARAM_GRADS = os.environ.get("GRAPHD_COPY_PARAM_GRADS", "0") == "1"
 
 # Runners whose static gradients, left in the daemon's graph mempool, were handed to
 # AccumulateGrad since their last protect(): the next FORWARD of any graph may overwrite them (its
@@ -222,6 +207,51 @@ class _Static:
         self.param_grads = by_role[_lib.ROLE_PARAM_GRAD]    # param index => view
         self.buffers = ordered(_lib.ROLE_BUFFER)
         self.buffer_names = [names[(_lib.ROLE_BUFFER, k)] for k in range(len(self.buffers))]
+        # The generator state the graph's random ops draw from (graphs without random ops have
+        # none): see _Rng.
+        self.rng = by_role[_lib.ROLE_RNG_STATE].get(0)
+
+
+class _Rng:
+    """Makes a graph's random ops draw from this process's generator, as the eager callable's
+    would, through the graph's RNG_STATE tensor, and advances the generator as eager would.
+    - uint8 (graphd's CPU device): the CPU generator's whole state (torch.get_rng_state()),
+      written before FORWARD and read back after it, so the same seed gives eager's masks.
+    - int64 (seed, offset, increment) (CUDA): the Philox seed and offset the graph's kernels
+      start from, as upstream's graphs read them from device memory at replay; the daemon wrote
+      the graph's whole offset increment at capture. Device-resident, they are this device's CUDA
+      generator's seed and offset (written on the current stream), and the offset advances by
+      the increment, as eager's and upstream's graphs' do: eager's masks for the same seed. A
+      host-staged graph runs on a GPU for a CPU model: its seed is drawn from the CPU generator
+      at each FORWARD, so the same seed gives the same masks run after run (not eager CPU's,
+      which come from another algorithm)."""
+
+    def __init__(self, static, cuda_device):
+        self.state = static
+        self.cuda = None
+        self.increment = 0
+        if static.dtype == torch.int64:
+            self.increment = int(static[2])  # once, at capture: a copy from the device if there
+            if cuda_device is not None:
+                self.cuda = torch.cuda.default_generators[cuda_device.index]
+
+    def before(self):
+        if self.state.dtype == torch.uint8:
+            self.state.copy_(torch.get_rng_state())
+        elif self.cuda is not None:
+            seed = self.cuda.initial_seed()
+            self.offset = self.cuda.get_offset()
+            self.state[0].fill_(seed - (1 << 64) if seed >= 1 << 63 else seed)
+            self.state[1].fill_(self.offset)
+        else:
+            self.state[0] = int(torch.empty((), dtype=torch.int64).random_())
+            self.state[1] = 0
+
+    def after(self):
+        if self.state.dtype == torch.uint8:
+            torch.set_rng_state(self.state)
+        elif self.cuda is not None:
+            self.cuda.set_offset(self.offset + self.increment)
 
 
 def _same_tensor(a, b):
@@ -259,11 +289,14 @@ class _Runner:
         # Device-resident: the CUDA device whose current stream orders the replays.
         on_device = any(getattr(d, "on_device", 0) for d in graph.tensors)
         self.cuda_device = torch.device(graph.device) if on_device else None
-        self.host_sync = _ORDER == "sync"
+        # GRAPHD_REPLAY_ORDER (README, "Settings"): "posted" (the default) and "events" are
+        # libgraphd's; "sync" synchronises on the host here.
+        self.host_sync = _lib.setting("GRAPHD_REPLAY_ORDER") == "sync"
         # The parameter gradients are in the daemon's graph mempool (not the graph's region).
         self.external_grads = on_device and not graph.copy_param_grads
         # (parameter, static gradient) handed to AccumulateGrad since the last protect()
         self.handed_out = []
+        self.rng = _Rng(static.rng, self.cuda_device) if static.rng is not None else None
 
     def replay(self, phase):
         """Replays phase, after protect() of the runners whose handed-out gradients it may
@@ -404,7 +437,11 @@ class _Graphed(torch.autograd.Function):
             if (b.dtype, b.device, b.shape) != (static.dtype, static.device, static.shape):
                 _converted("buffer", b, static)
             static.copy_(b)
+        if runner.rng is not None:
+            runner.rng.before()
         runner.replay(_lib.PHASE_FORWARD)
+        if runner.rng is not None:
+            runner.rng.after()
         runner.forwards += 1
         ctx.forward = runner.forwards
         for static, b in runner.mirrored_buffers:
@@ -711,6 +748,7 @@ def make_graphed_callables(callables, sample_args, num_warmup_iters=3, allow_unu
     # order and backwards in reverse order, as upstream.
     traced = []
     module_ids = []
+    copy_param_grads = _lib.setting("GRAPHD_COPY_PARAM_GRADS") == "1"  # README, "Settings"
     try:
         for func, args, flat in zip(callables, sample_args, flatten_sample_args):
             archive, out_spec, prefix, free = _trace(func, tuple(args), flat, _DTYPES)
@@ -720,7 +758,7 @@ def make_graphed_callables(callables, sample_args, num_warmup_iters=3, allow_unu
                                 num_warmup_iters=num_warmup_iters,
                                 allow_unused_input=allow_unused_input, pool=pool,
                                 device_resident=cuda_dev is not None,
-                                copy_param_grads=_COPY_PARAM_GRADS)
+                                copy_param_grads=copy_param_grads)
         for graph in graphs:
             graph.device = cuda_dev  # where a device-resident graph's static tensors are
         if cuda_dev is not None:
