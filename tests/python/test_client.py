@@ -128,11 +128,15 @@ def test_default_client_uses_env(daemon):
 
 
 def test_graph_pool_handle(client):
-    h1 = graphd.graph_pool_handle("pytest-shared", client=client)
+    h1 = graphd.graph_pool_handle("pytest-shared", device="cpu", client=client)
     h2 = graphd.graph_pool_handle("pytest-shared", device="cpu", client=client)  # exists: fine
-    assert h1 == h2 and h1.device == "cpu:0" and not h1.owned
+    h3 = graphd.graph_pool_handle("pytest-shared", client=client)  # exists: where it is
+    assert h1 == h2 == h3 and h1.device == "cpu:0" and not h1.owned
     anon = graphd.graph_pool_handle(client=client)
     assert anon.owned and anon.name != h1.name
+    assert anon.device is None  # no device yet: made where it is first used (bind)
+    assert anon.name not in [p["name"] for p in client.pools()]
+    assert anon.bind("cpu", client).device == "cpu:0"
     names = [p["name"] for p in client.pools()]
     assert "pytest-shared" in names and anon.name in names
     with pytest.raises(graphd.NotFound) as e:

@@ -372,3 +372,25 @@ def test_graph_without_random_ops_leaves_the_generator_alone():
     before = torch.get_rng_state()
     m(x).sum().backward()
     assert torch.equal(torch.get_rng_state(), before)
+
+
+# ---- a pool handle has no device until it is used ----------------------------------------------
+
+def test_pool_handle_without_a_device_binds_to_the_first_callables():
+    """Upstream's pattern: one graph_pool_handle() shared by several make_graphed_callables
+    calls. Its pool is made on the device of the first callables (here cpu:1 of the test
+    daemon; on a GPU machine, cuda:0 for CUDA modules: test_cuda.py)."""
+    pool = graphd.graph_pool_handle()
+    assert pool.device is None
+    a = graphd.make_graphed_callables(nn.Linear(3, 3), (torch.randn(2, 3),), pool=pool,
+                                      device="cpu:1")
+    b = graphd.make_graphed_callables(nn.Linear(3, 2), (torch.randn(2, 3),), pool=pool,
+                                      device="cpu:1")
+    assert pool.device == "cpu:1"
+    graphs = {g["id"]: g for g in graphd.default_client().status()["graphs"]}
+    for m in (a, b):
+        g = graphs[m._graphd_runner.graph.id]
+        assert g["pool"] == pool.name and g["device"] == "cpu:1"
+    with pytest.raises(ValueError, match="is on cpu:1"):
+        graphd.make_graphed_callables(nn.Linear(3, 2), (torch.randn(2, 3),), pool=pool,
+                                      device="cpu:0")

@@ -127,12 +127,25 @@ class Region:
 
 class PoolHandle:
     """A daemon graph pool, usable as make_graphed_callables(..., pool=handle). Graphs captured
-    with the same pool name, from any process, share that daemon pool."""
+    with the same pool name, from any process, share that daemon pool. device is None until the
+    pool exists: a handle made without a device (as upstream's graph_pool_handle(), which has
+    none) gets its pool on the device of the first callables graphed with it (bind)."""
 
-    def __init__(self, name, device, owned=False):
+    def __init__(self, name, device, owned=False, client=None):
         self.name = name
         self.device = device
         self.owned = owned  # made by graph_pool_handle() without a name: deleted at close
+        self._client = client
+
+    def bind(self, device, client=None):
+        """The pool on device: made there (or found there, for a name that exists) if this
+        handle has none yet. A handle whose pool is on another device keeps it (the caller
+        compares). Returns self."""
+        if self.device is None:
+            c = self._client or client or default_client()
+            self.device = _pool_on(c, self.name, c.check_device(device), self.owned,
+                                   must_match=True)
+        return self
 
     def __repr__(self):
         return "graphd.PoolHandle(%r, device=%r)" % (self.name, self.device)
@@ -142,7 +155,7 @@ class PoolHandle:
                                                                               other.device)
 
     def __hash__(self):
-        return hash((self.name, self.device))
+        return hash(self.name)  # the device may be set later (bind): not part of the hash
 
 
 class Client:
@@ -485,13 +498,26 @@ def default_client():
 def graph_pool_handle(name=None, device=None, client=None):
     """A pool token for make_graphed_callables(pool=...). With a name, that daemon pool (created
     when missing): the same name from several processes shares one pool. Without one, a new
-    pool private to this process, deleted when its client closes. device: "cpu" (default) or a
-    device the daemon serves; a named pool that exists on another device is a ValueError."""
+    pool private to this process, deleted when its client closes. device: a device the daemon
+    serves ("cpu", "cuda:0", ...), where the pool is made now (a named pool that exists on
+    another device is a ValueError); None, as upstream's handle, which has no device: a named
+    pool that exists stays where it is, and otherwise the pool is made on the device of the
+    first callables graphed with the handle, so that one handle serves several
+    make_graphed_callables calls on CUDA modules as upstream's does."""
     c = client or default_client()
-    dev = c.check_device(device)
     owned = name is None
     if owned:
         name = "py-%d-%s" % (os.getpid(), secrets.token_hex(6))
+    if device is None:
+        info = None if owned else next((p for p in c.pools() if p["name"] == name), None)
+        return PoolHandle(name, info["device"] if info else None, owned, c)
+    return PoolHandle(name, _pool_on(c, name, c.check_device(device), owned, True), owned, c)
+
+
+def _pool_on(c, name, dev, owned, must_match):
+    """Makes pool name on device dev (owned: private to client c, deleted when it closes) or, for
+    a name that exists, finds it; returns the pool's device. ValueError when it exists on
+    another device and must_match."""
     try:
         info = c.create_pool(name, dev)
     except GraphdError as e:
@@ -500,12 +526,12 @@ def graph_pool_handle(name=None, device=None, client=None):
         info = next((p for p in c.pools() if p["name"] == name), None)
         if info is None:  # deleted in between
             info = c.create_pool(name, dev)
-        elif device is not None and info["device"] != dev:
+        elif must_match and info["device"] != dev:
             raise ValueError("graphd pool %r is on %s, not %s" % (name, info["device"], dev))
     if owned:
         with c._lock:
             c._owned_pools.append(name)
-    return PoolHandle(name, info["device"], owned)
+    return info["device"]
 
 
 def _close_all():

@@ -492,6 +492,7 @@ class _Graphed(torch.autograd.Function):
 def _resolve_pool(client, pool, device):
     dev = client.check_device(device) if device is not None else None
     if isinstance(pool, PoolHandle):
+        pool.bind(dev or "cpu:0", client)  # a handle made without a device: here, now
         if dev is not None and pool.device != dev:
             raise ValueError("graphd: pool %r is on %s, but device=%r" % (pool.name, pool.device,
                                                                           device))
