@@ -61,6 +61,28 @@ def test_host_reads_are_refused(read):
     assert "test_faithful.py" in str(e.value)
 
 
+def test_branch_on_a_closure_tensor_is_refused():
+    flag = torch.ones(())
+
+    def f(x):
+        return x * 2 if flag > 0 else x
+
+    with pytest.raises(graphd.InvalidArgument, match="reads a tensor's value on the host"):
+        graphd.make_graphed_callables(f, (torch.randn(2, 3),))
+
+
+def test_library_modules_asserting_on_shapes_are_allowed():
+    """torch.nn code checks shapes against Python numbers (multi-head attention's
+    head_dim * num_heads == embed_dim, group_norm's batch size): the tracer wraps the numbers
+    as tensor constants, which are not values that change."""
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Conv2d(3, 4, 3), nn.GroupNorm(2, 4), nn.Upsample(scale_factor=2))
+    x = torch.randn(2, 3, 8, 8)
+    eager = copy.deepcopy(m)
+    graphd.make_graphed_callables(m, (x,))
+    close(m(x), eager(x))
+
+
 def test_reads_of_shapes_are_allowed():
     """Shapes are fixed in a graph, so Python reading them is faithful."""
     lin = nn.Linear(6, 3).requires_grad_(False)
@@ -394,3 +416,28 @@ def test_pool_handle_without_a_device_binds_to_the_first_callables():
     with pytest.raises(ValueError, match="is on cpu:1"):
         graphd.make_graphed_callables(nn.Linear(3, 2), (torch.randn(2, 3),), pool=pool,
                                       device="cpu:0")
+
+
+def test_transformer_layer_with_dropout_trains_as_eager():
+    """A realistic module with dropout in three places and shape assertions inside: the same
+    seed gives eager's losses and parameters, bit for bit."""
+    def run(graphed):
+        torch.manual_seed(0)
+        m = nn.TransformerEncoderLayer(16, 2, 32, dropout=0.1, batch_first=True)
+        xs = [torch.randn(4, 5, 16) for _ in range(5)]
+        if graphed:
+            graphd.make_graphed_callables(m, (xs[0],))
+        opt = torch.optim.Adam(m.parameters(), lr=1e-3)
+        torch.manual_seed(3)
+        losses = []
+        for x in xs:
+            opt.zero_grad()
+            loss = m(x).pow(2).mean()
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach().clone())
+        return losses, [p.detach().clone() for p in m.parameters()]
+
+    (le, pe), (lg, pg) = run(False), run(True)
+    assert all(torch.equal(a, b) for a, b in zip(le, lg))
+    assert all(torch.equal(a, b) for a, b in zip(pe, pg))

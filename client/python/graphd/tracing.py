@@ -25,6 +25,7 @@ import gc
 import inspect
 import io
 import os
+import sys
 import tempfile
 import threading
 import traceback
@@ -125,13 +126,22 @@ def _reads_values(value):
         if kind in _SHAPE_KINDS:
             continue
         if kind == "prim::Constant":
-            if isinstance(v.type(), torch._C.TensorType):
-                return True  # a Python-side tensor frozen into the trace
+            # A tensor constant is either a Python number the tracer wrapped (held by nothing
+            # but the graph, so its Python object is made for this call) or a tensor Python
+            # holds elsewhere, whose value may change.
+            if isinstance(v.type(), torch._C.TensorType) and _held_elsewhere(node.t("value")):
+                return True
             continue
         if kind in ("prim::Param", "prim::GetAttr"):
             return True
         stack.extend(node.inputs())
     return False
+
+
+def _held_elsewhere(t):
+    """Whether anything but the caller's expression holds t (that reference and getrefcount's
+    argument are two: a tensor the caller just made has no more)."""
+    return sys.getrefcount(t) > 2
 
 
 def _user_frame():
