@@ -210,20 +210,6 @@ static void missing_daemon_one_line(void **state)
     assert_int_equal(count_lines(r->err), 1);
 }
 
-static int group_setup(void **state)
-{
-    static harness_t h;
-    if (harness_start(&h, NULL) != 0)
-        return -1;
-    *state = &h;
-    return 0;
-}
-
-static int group_teardown(void **state)
-{
-    return harness_stop(*state) == 0 ? 0 : -1;
-}
-
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -231,5 +217,6 @@ int main(void)
         cmocka_unit_test(pool_create_delete),      cmocka_unit_test(usage_errors),
         cmocka_unit_test(missing_daemon_one_line),
     };
-    return cmocka_run_group_tests_name("graphctl", tests, group_setup, group_teardown);
+    return cmocka_run_group_tests_name("graphctl", tests, harness_group_setup,
+                                       harness_group_teardown);
 }

@@ -852,18 +852,6 @@ static void sigkill_reclaims_graphs(void **state)
     graphd_close(watch);
 }
 
-static int group_setup(void **state)
-{
-    static fixture_t f;
-    *state = &f;
-    return harness_fixture_start(&f, NULL);
-}
-
-static int group_teardown(void **state)
-{
-    return harness_fixture_stop(*state);
-}
-
 int main(int argc, char **argv)
 {
     if (argc == 4 && strcmp(argv[1], "--child") == 0)
@@ -880,5 +868,6 @@ int main(int argc, char **argv)
         cmocka_unit_test(close_and_goodbye_with_live_graphs),
         cmocka_unit_test(sigkill_reclaims_graphs),
     };
-    return cmocka_run_group_tests_name("graphs", tests, group_setup, group_teardown);
+    return cmocka_run_group_tests_name("graphs", tests, harness_fixture_group_setup,
+                                       harness_fixture_group_teardown);
 }

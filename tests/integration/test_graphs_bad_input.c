@@ -723,18 +723,6 @@ static void replay_timeout(void **state)
     graphd_close(other);
 }
 
-static int group_setup(void **state)
-{
-    static fixture_t f;
-    *state = &f;
-    return harness_fixture_start(&f, NULL);
-}
-
-static int group_teardown(void **state)
-{
-    return harness_fixture_stop(*state);
-}
-
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -751,5 +739,6 @@ int main(void)
         cmocka_unit_test(garbage_on_a_session_with_graphs),
         cmocka_unit_test(replay_timeout),
     };
-    return cmocka_run_group_tests_name("graphs_bad_input", tests, group_setup, group_teardown);
+    return cmocka_run_group_tests_name("graphs_bad_input", tests, harness_fixture_group_setup,
+                                       harness_fixture_group_teardown);
 }

@@ -140,22 +140,11 @@ static void dropout_follows_the_written_state(void **state)
     graphd_close(c);
 }
 
-static int group_setup(void **state)
-{
-    static fixture_t f;
-    *state = &f;
-    return harness_fixture_start(&f, NULL);
-}
-
-static int group_teardown(void **state)
-{
-    return harness_fixture_stop(*state);
-}
-
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(dropout_follows_the_written_state),
     };
-    return cmocka_run_group_tests_name("graphs_rng", tests, group_setup, group_teardown);
+    return cmocka_run_group_tests_name("graphs_rng", tests, harness_fixture_group_setup,
+                                       harness_fixture_group_teardown);
 }

@@ -200,20 +200,6 @@ static void many_deaths_leave_nothing(void **state)
     graphd_close(watch);
 }
 
-static int group_setup(void **state)
-{
-    static harness_t h;
-    if (harness_start(&h, NULL) != 0)
-        return -1;
-    *state = &h;
-    return 0;
-}
-
-static int group_teardown(void **state)
-{
-    return harness_stop(*state) == 0 ? 0 : -1;
-}
-
 int main(int argc, char **argv)
 {
     if (argc == 4 && strcmp(argv[1], "--child") == 0)
@@ -223,5 +209,6 @@ int main(int argc, char **argv)
         cmocka_unit_test(exit_without_goodbye_is_reclaimed),
         cmocka_unit_test(many_deaths_leave_nothing),
     };
-    return cmocka_run_group_tests_name("reclaim", tests, group_setup, group_teardown);
+    return cmocka_run_group_tests_name("reclaim", tests, harness_group_setup,
+                                       harness_group_teardown);
 }

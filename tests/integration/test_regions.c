@@ -396,20 +396,6 @@ static void lists_use_two_calls(void **state)
     graphd_close(c);
 }
 
-static int group_setup(void **state)
-{
-    static harness_t h;
-    if (harness_start(&h, NULL) != 0)
-        return -1;
-    *state = &h;
-    return 0;
-}
-
-static int group_teardown(void **state)
-{
-    return harness_stop(*state) == 0 ? 0 : -1;
-}
-
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -420,5 +406,6 @@ int main(void)
         cmocka_unit_test(device_region_refused_on_cpu),
         cmocka_unit_test(lists_use_two_calls),
     };
-    return cmocka_run_group_tests_name("regions", tests, group_setup, group_teardown);
+    return cmocka_run_group_tests_name("regions", tests, harness_group_setup,
+                                       harness_group_teardown);
 }

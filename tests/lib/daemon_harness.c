@@ -382,3 +382,29 @@ int harness_run(const char *const *argv, char *out, size_t out_size, char *err, 
     }
     return exit_code(status);
 }
+
+int harness_group_setup(void **state)
+{
+    static harness_t h;
+    if (harness_start(&h, NULL) != 0)
+        return -1;
+    *state = &h;
+    return 0;
+}
+
+int harness_group_teardown(void **state)
+{
+    return harness_stop(*state) == 0 ? 0 : -1;
+}
+
+int harness_fixture_group_setup(void **state)
+{
+    static harness_fixture_t f;
+    *state = &f;
+    return harness_fixture_start(&f, NULL);
+}
+
+int harness_fixture_group_teardown(void **state)
+{
+    return harness_fixture_stop(*state);
+}

@@ -115,6 +115,13 @@ typedef struct harness_fixture {
 int harness_fixture_start(harness_fixture_t *f, const char *const *extra_args);
 /* harness_stop, then harness_models_remove. 0, or -1 when the daemon did not stop cleanly. */
 int harness_fixture_stop(harness_fixture_t *f);
+/* cmocka group setup and teardown for a suite that runs on one daemon started with no extra
+ * arguments: *state gets the harness_t (harness_group_*) or the harness_fixture_t, models
+ * included (harness_fixture_group_*). Each binary has one such group. */
+int harness_group_setup(void **state);
+int harness_group_teardown(void **state);
+int harness_fixture_group_setup(void **state);
+int harness_fixture_group_teardown(void **state);
 /* The path of a file in the models directory (a static buffer, overwritten by the next call). */
 const char *harness_models_path(const harness_models_t *m, const char *name);
 /* The bytes of a file in the models directory (free them); NULL with a message on failure. */
