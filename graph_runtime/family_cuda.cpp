@@ -18,6 +18,16 @@
  * registration, or the system refuses), the callable stages through a pinned bounce buffer of its
  * own, copied on the host around each replay: correct, one host memcpy slower.
  *
+ * Random ops: a forward graph with random ops is captured with the device's default generator
+ * drawing from a generator state of the graph's own (CUDAGeneratorState), so its kernels read
+ * their Philox seed and offset from that state's two device words, as upstream's graphs read the
+ * default generator's. Its RNG_STATE tensor is int64 (seed, offset, increment): the client
+ * writes seed and offset, the replay copies them into those words on the stream and launches
+ * the graph's executable itself (CUDAGraph::replay would first fill them from the host state),
+ * and the capture writes the graph's whole offset increment, by which the client advances its
+ * own generator. Each graph having its own words, replays of several sessions on several
+ * streams never read each other's seeds.
+ *
  * Built only with -DGR_HAVE_CUDA (the Makefile's TORCH=python on a torch with CUDA).
  */
 #ifdef GR_HAVE_CUDA
@@ -30,6 +40,7 @@
 #include <map>
 #include <mutex>
 
+#include <ATen/cuda/CUDAGeneratorImpl.h>
 #include <ATen/cuda/CUDAGraph.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
@@ -155,6 +166,11 @@ struct CudaCallable final : FamilyState {
     std::vector<uintptr_t> held; /* pinned page ranges */
     std::optional<c10::cuda::CUDAStream> stream;
     std::unique_ptr<at::cuda::CUDAGraph> fwd, bwd;
+    /* A forward graph with random ops: the generator state its kernels read seed and offset
+     * from, and where the client's (seed, offset) are (the RNG_STATE tensor in device memory or
+     * in the staging memory). */
+    c10::intrusive_ptr<at::CUDAGeneratorState> rng;
+    const uint8_t *rng_src = nullptr;
 
     ~CudaCallable() override
     {
@@ -237,6 +253,43 @@ std::unique_ptr<at::cuda::CUDAGraph> capture_graph(const CudaPool &pool, F &&bod
     }
     graph->capture_end();
     return graph;
+}
+
+/* The layout entry of c's RNG_STATE tensor, or nullptr. */
+const gr_tensor_desc_t *rng_desc(const Callable &c)
+{
+    for (const gr_tensor_desc_t &d : c.layout)
+        if (d.role == GR_ROLE_RNG_STATE)
+            return &d;
+    return nullptr;
+}
+
+/* Runs capture (which captures a graph) with the default generator of device index drawing from
+ * state, and gives the generator its own state back afterwards, whatever happens. */
+template <typename F>
+void with_generator_state(int index, const c10::intrusive_ptr<at::CUDAGeneratorState> &state,
+                          F &&capture)
+{
+    const at::Generator &gen =
+        at::cuda::detail::getDefaultCUDAGenerator(static_cast<c10::DeviceIndex>(index));
+    auto *impl = gen.get<at::CUDAGeneratorImpl>();
+    c10::intrusive_ptr<c10::GeneratorImpl> saved;
+    {
+        std::lock_guard<std::mutex> lock(impl->mutex_);
+        saved = impl->graphsafe_get_state();
+        impl->graphsafe_set_state(c10::make_intrusive<at::CUDAGeneratorImpl>(
+            static_cast<c10::DeviceIndex>(index), state));
+    }
+    struct Restore {
+        at::CUDAGeneratorImpl *impl;
+        c10::intrusive_ptr<c10::GeneratorImpl> &saved;
+        ~Restore()
+        {
+            std::lock_guard<std::mutex> lock(impl->mutex_);
+            impl->graphsafe_set_state(saved);
+        }
+    } restore{impl, saved};
+    capture();
 }
 
 /* After the backward capture: where each external PARAM_GRAD is (the caching-allocator segment
@@ -354,23 +407,39 @@ class CudaFamily final : public Family
         }
         c10::cuda::device_synchronize();
     }
-    /* None yet: random ops draw from the daemon's CUDA generator. Carrying the client's state
-     * means registering the generator with each graph (philox seed and offset) rather than
-     * swapping a state in around an eager run, as the CPU family does. */
+    /* Philox (seed, offset, increment): see the header comment. */
     std::optional<RngStateSpec> rng_state() const override
     {
-        return std::nullopt;
+        return RngStateSpec{"cuda", at::kLong, {3}};
     }
     void capture_forward(Callable &c, PoolState *pool) const override
     {
         const CudaPool &p = pool_of(pool);
         CudaCallable &st = state_of(c);
         st.stream = p.stream;
-        st.fwd = capture_graph(p, [&] {
-            stage(c, st, true, {GR_ROLE_INPUT, GR_ROLE_PARAM, GR_ROLE_BUFFER});
-            run_forward(c);
-            stage(c, st, false, {GR_ROLE_OUTPUT, GR_ROLE_BUFFER});
-        });
+        auto capture = [&] {
+            st.fwd = capture_graph(p, [&] {
+                stage(c, st, true, {GR_ROLE_INPUT, GR_ROLE_PARAM, GR_ROLE_BUFFER});
+                run_forward(c);
+                stage(c, st, false, {GR_ROLE_OUTPUT, GR_ROLE_BUFFER});
+            });
+        };
+        const gr_tensor_desc_t *rng = rng_desc(c);
+        if (rng == nullptr) {
+            capture();
+            return;
+        }
+        st.rng = c10::make_intrusive<at::CUDAGeneratorState>();
+        with_generator_state(p.index, st.rng, capture);
+        /* The offset the graph's kernels advanced by in all (capture_epilogue's total). */
+        const int64_t increment = static_cast<int64_t>(st.rng->offset_intragraph_);
+        st.rng_src = st.staging + rng->offset;
+        uint8_t *inc = st.block + rng->offset + 2 * sizeof(int64_t);
+        if (st.resident)
+            check(cudaMemcpy(inc, &increment, sizeof increment, cudaMemcpyHostToDevice),
+                  "cudaMemcpy (rng increment)");
+        else
+            std::memcpy(inc, &increment, sizeof increment);
     }
     void capture_backward(Callable &c, PoolState *pool) const override
     {
@@ -386,8 +455,8 @@ class CudaFamily final : public Family
     void replay_forward(Callable &c, const Order *order) const override
     {
         CudaCallable &st = state_of(c);
-        bounce(c, st, true, {GR_ROLE_INPUT, GR_ROLE_PARAM, GR_ROLE_BUFFER});
-        replay(st, *st.fwd, order);
+        bounce(c, st, true, {GR_ROLE_INPUT, GR_ROLE_PARAM, GR_ROLE_BUFFER, GR_ROLE_RNG_STATE});
+        replay(st, *st.fwd, order, st.rng.get());
         bounce(c, st, false, {GR_ROLE_OUTPUT, GR_ROLE_BUFFER});
     }
     void replay_backward(Callable &c, const Order *order) const override
@@ -396,7 +465,7 @@ class CudaFamily final : public Family
         if (!st.bwd)
             throw Error(GR_EPRECOND, "no backward graph");
         bounce(c, st, true, {GR_ROLE_GRAD_OUTPUT});
-        replay(st, *st.bwd, order);
+        replay(st, *st.bwd, order, nullptr);
         bounce(c, st, false, {GR_ROLE_GRAD_INPUT, GR_ROLE_PARAM_GRAD});
     }
 
@@ -404,7 +473,26 @@ class CudaFamily final : public Family
     /* Launches the graph on the pool's stream. Unordered: waits for it, so the caller may read
      * the block at once. Ordered: the stream waits on the client's event first and records the
      * completion event after, and nothing on the host waits. */
-    static void replay(CudaCallable &st, at::cuda::CUDAGraph &graph, const Order *order)
+    /* Launches graph on stream (the current one). With rng, the client's seed and offset are
+     * copied first into the words the graph's kernels read them from, and the executable is
+     * launched directly: CUDAGraph::replay would fill those words from the host state. */
+    static void launch(const CudaCallable &st, at::cuda::CUDAGraph &graph,
+                       at::CUDAGeneratorState *rng, cudaStream_t stream)
+    {
+        if (rng == nullptr) {
+            graph.replay();
+            return;
+        }
+        check(cudaMemcpyAsync(rng->seed_extragraph_.data_ptr(), st.rng_src, sizeof(int64_t),
+                              cudaMemcpyDefault, stream),
+              "cudaMemcpyAsync (rng seed)");
+        check(cudaMemcpyAsync(rng->offset_extragraph_.data_ptr(), st.rng_src + sizeof(int64_t),
+                              sizeof(int64_t), cudaMemcpyDefault, stream),
+              "cudaMemcpyAsync (rng offset)");
+        check(cudaGraphLaunch(graph.raw_cuda_graph_exec(), stream), "cudaGraphLaunch");
+    }
+    static void replay(CudaCallable &st, at::cuda::CUDAGraph &graph, const Order *order,
+                       at::CUDAGeneratorState *rng)
     {
         c10::cuda::CUDAStreamGuard guard(*st.stream);
         cudaStream_t stream = st.stream->stream();
@@ -414,7 +502,7 @@ class CudaFamily final : public Family
                      "cuStreamWaitValue64 (ready)");
             check_cu(gr__stream_wait_geq(stream, mem + GR_SEQ_DONE_OFFSET, order->n - 1),
                      "cuStreamWaitValue64 (done)");
-            graph.replay();
+            launch(st, graph, rng, stream);
             check_cu(gr__stream_write(stream, mem + GR_SEQ_DONE_OFFSET, order->n),
                      "cuStreamWriteValue64");
             return;
@@ -422,7 +510,7 @@ class CudaFamily final : public Family
         if (order != nullptr)
             check(cudaStreamWaitEvent(stream, static_cast<cudaEvent_t>(order->wait), 0),
                   "cudaStreamWaitEvent");
-        graph.replay();
+        launch(st, graph, rng, stream);
         if (order != nullptr)
             check(cudaEventRecord(static_cast<cudaEvent_t>(order->done), stream),
                   "cudaEventRecord");

@@ -146,7 +146,7 @@ def test_device_resident_param_grads_where_the_graph_computes_them(copy_grads, m
     the FORWARD of the next micro-batch may reuse that mempool memory, so the client keeps the
     accumulated gradient in a copy first."""
     _need_cuda_here()
-    monkeypatch.setattr(graphd.graphs, "_COPY_PARAM_GRADS", copy_grads)
+    monkeypatch.setenv("GRAPHD_COPY_PARAM_GRADS", "1" if copy_grads else "0")
     torch.manual_seed(5)
     eager = mlp(64, 3).cuda()
     graphed = copy.deepcopy(eager)
@@ -537,3 +537,92 @@ def test_cuda_and_cpu_devices_at_once():
     for model, device in ((gpu, "cuda:0"), (cpu, "cpu:1")):
         pool = pools[graph_pool[model._graphd_runner.graph.id]]
         assert pool["device"] == device and int(pool["replays"]) >= 2 * 20, pool
+
+
+class DropNet(nn.Module):
+    """Dropout and a random noise term, with the dropped activations as a second output so that
+    the masks can be compared."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(32, 64), nn.Linear(64, 16)
+        self.drop = nn.Dropout(0.5)
+
+    def forward(self, x):
+        h = self.drop(torch.relu(self.fc1(x)))
+        return self.fc2(h) + 0.01 * torch.randn_like(self.fc2.bias), h
+
+
+def _dropout_run(model, seed, xs, ys, device_gen=None):
+    """(masks, losses, generator offset or CPU state) of training model on xs, ys after
+    torch.manual_seed(seed)."""
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    torch.manual_seed(seed)
+    masks, losses = [], []
+    for x, y in zip(xs, ys):
+        opt.zero_grad(set_to_none=True)
+        out, h = model(x)
+        loss = nn.functional.mse_loss(out, y)
+        loss.backward()
+        opt.step()
+        masks.append((h == 0).cpu())
+        losses.append(loss.item())
+    end = device_gen.get_offset() if device_gen is not None else torch.get_rng_state()
+    return masks, losses, end
+
+
+def test_device_resident_random_ops_follow_the_clients_seed():
+    """As upstream's graphs: the same seed gives eager's dropout masks, bit for bit, and the CUDA
+    generator's offset ends where eager's does; masks change from step to step and with the
+    seed."""
+    _need_cuda_here()
+    torch.manual_seed(0)
+    eager = DropNet().cuda()
+    graphed = copy.deepcopy(eager)
+    xs = [torch.randn(16, 32, device="cuda") for _ in range(10)]
+    ys = [torch.randn(16, 16, device="cuda") for _ in range(10)]
+    graphed = graphd.make_graphed_callables(graphed, (xs[0].clone(),))
+    assert graphed._graphd_runner.static.rng is not None
+    gen = torch.cuda.default_generators[0]
+    m_e, l_e, off_e = _dropout_run(eager, 1234, xs, ys, gen)
+    m_g, l_g, off_g = _dropout_run(graphed, 1234, xs, ys, gen)
+    assert all(torch.equal(a, b) for a, b in zip(m_e, m_g))
+    assert off_g == off_e and off_e > 0
+    torch.testing.assert_close(torch.tensor(l_g), torch.tensor(l_e), **RT)
+    assert not torch.equal(m_g[0], m_g[1])
+    m_other = _dropout_run(graphed, 99, xs[:1], ys[:1], gen)[0]
+    assert not torch.equal(m_other[0], m_g[0])
+
+
+def test_host_staged_random_ops_follow_the_clients_seed():
+    """A CPU model graphed on the GPU draws its Philox seed from the CPU generator at each
+    FORWARD: the same seed gives the same masks run after run, another seed others."""
+    torch.manual_seed(0)
+    model = DropNet()
+    xs = [torch.randn(16, 32) for _ in range(5)]
+    ys = [torch.randn(16, 16) for _ in range(5)]
+    start = copy.deepcopy(model.state_dict())
+    graphed = graphd.make_graphed_callables(model, (xs[0].clone(),), device="cuda:0")
+    assert graphed._graphd_runner.static.rng is not None
+    runs = []
+    for seed in (7, 7, 8):
+        graphed.load_state_dict(start)
+        runs.append(_dropout_run(graphed, seed, xs, ys))
+    assert all(torch.equal(a, b) for a, b in zip(runs[0][0], runs[1][0]))
+    assert runs[0][1] == runs[1][1] and torch.equal(runs[0][2], runs[1][2])
+    assert not torch.equal(runs[0][0][0], runs[0][0][1])
+    assert not torch.equal(runs[0][0][0], runs[2][0][0])
+
+
+def test_pool_handle_without_a_device_serves_cuda_modules():
+    """Upstream's documented pattern: one graph_pool_handle() shared by several
+    make_graphed_callables calls on CUDA modules (before, the handle was made on cpu:0 and the
+    second call failed with "pool ... is on cpu:0, but device='cuda:0'")."""
+    _need_cuda_here()
+    pool = graphd.graph_pool_handle()
+    a = graphd.make_graphed_callables(mlp(16, 2).cuda(), (torch.randn(4, 16, device="cuda"),),
+                                      pool=pool)
+    b = graphd.make_graphed_callables(mlp(16, 2).cuda(), (torch.randn(4, 16, device="cuda"),),
+                                      pool=pool)
+    assert pool.device == "cuda:0"
+    assert a._graphd_runner.graph.pool == b._graphd_runner.graph.pool == pool
