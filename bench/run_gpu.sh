@@ -6,7 +6,7 @@
 # Usage, on the GPU machine in the project root, with .devdeps carried (see docs/BENCHMARKS.md):
 #   bench/run_gpu.sh OUTDIR [STEP...]
 # Environment: PYTESTS (the pytest paths, default tests/python), STEPS (training steps per mode,
-# default 200), SHARE_ARGS (more arguments for bench/share_gpu.py), PROFILE_SHAPES (default
+# default 200), PYTEST_LIMIT (seconds for the Python tests, default 420), SHARE_ARGS (more arguments for bench/share_gpu.py), PROFILE_SHAPES (default
 # "64,512,8 256,4096,8"), PYTHON (default python3), DAEMON_ARGS (more graphd options for the
 # steps that start one: train, replay, profile),
 # MPS=1 (run everything under NVIDIA MPS: starts nvidia-cuda-mps-control for the run, stops it
@@ -81,7 +81,7 @@ for step in $steps; do
         "$PY" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)'
         run build 300 make TORCH=python PYTHON="$PY" -j"$(nproc)" all || exit 1 ;;
     tests)
-        run tests-python 240 "$PY" -m pytest -q -rs ${PYTESTS:-tests/python}
+        run tests-python "${PYTEST_LIMIT:-420}" "$PY" -m pytest -q -rs ${PYTESTS:-tests/python}
         GRAPHD_PYTHON=$PY run tests-runtime 120 build/tests/unit/test_graph_runtime ;;
     train) # benchmarks 1 and 4 (steps and capture), $STEPS (200) steps per mode
         start_daemon
