@@ -318,7 +318,7 @@ def test_deepcopy_and_pickle_give_an_eager_copy():
     buf = io.BytesIO()
     torch.save(m, buf)
     buf.seek(0)
-    loaded = torch.load(buf)
+    loaded = torch.load(buf, weights_only=False)  # a whole module, not only weights
     assert type(loaded) is nn.Sequential
     for p, q in zip(m.state_dict().values(), loaded.state_dict().values()):
         assert torch.equal(p, q)

@@ -25,7 +25,6 @@ import gc
 import inspect
 import io
 import os
-import sys
 import tempfile
 import threading
 import traceback
@@ -112,9 +111,11 @@ class _HostRead(Exception):
     user-facing error."""
 
 
-def _reads_values(value):
+def _reads_values(value, consts):
     """Whether a traced value depends on the values (not only the shapes) of the trace's inputs,
-    parameters, buffers or tensor constants."""
+    parameters or buffers. The tensor constants it depends on are appended to consts: a Python
+    number the tracer wrapped (head_dim * num_heads == embed_dim in torch.nn's checks) is no
+    value that changes, a tensor Python holds elsewhere is (_HostReadsRefused.check decides)."""
     stack, seen = [value], set()
     while stack:
         v = stack.pop()
@@ -126,22 +127,13 @@ def _reads_values(value):
         if kind in _SHAPE_KINDS:
             continue
         if kind == "prim::Constant":
-            # A tensor constant is either a Python number the tracer wrapped (held by nothing
-            # but the graph, so its Python object is made for this call) or a tensor Python
-            # holds elsewhere, whose value may change.
-            if isinstance(v.type(), torch._C.TensorType) and _held_elsewhere(node.t("value")):
-                return True
+            if isinstance(v.type(), torch._C.TensorType):
+                consts.append(node.t("value"))
             continue
         if kind in ("prim::Param", "prim::GetAttr"):
             return True
         stack.extend(node.inputs())
     return False
-
-
-def _held_elsewhere(t):
-    """Whether anything but the caller's expression holds t (that reference and getrefcount's
-    argument are two: a tensor the caller just made has no more)."""
-    return sys.getrefcount(t) > 2
 
 
 def _user_frame():
@@ -153,16 +145,20 @@ def _user_frame():
     return "an unknown line"
 
 
-def _guard(name, orig):
+def _guard(name, orig, pending):
     def guarded(self, *args, **kwargs):
         if torch._C._get_tracing_state() is not None:
+            consts = []
             try:
-                reads = _reads_values(torch._C._get_value_trace(self))
+                reads = _reads_values(torch._C._get_value_trace(self), consts)
             except RuntimeError:  # not part of the trace: a tensor Python made on the side
                 reads = True
+            what = "%s reads a tensor's value on the host at %s" % (_HOST_READS[name],
+                                                                    _user_frame())
             if reads:
-                raise _HostRead("%s reads a tensor's value on the host at %s" %
-                                (_HOST_READS[name], _user_frame()))
+                raise _HostRead(what)
+            if consts:
+                pending.append((what, consts))
         return orig(self, *args, **kwargs)
     guarded.__name__ = getattr(orig, "__name__", name)
     return guarded
@@ -170,19 +166,21 @@ def _guard(name, orig):
 
 class _HostReadsRefused:
     """While tracing, the Tensor methods of _HOST_READS raise _HostRead when the value they read
-    depends on tensor values. The tracer's own warnings for the reads let through (shapes) are
-    silenced: for a graph of fixed shapes they are not a risk."""
+    depends on the values of inputs, parameters or buffers; reads that depend on tensor
+    constants only wait for check(). The tracer's own warnings for the reads let through
+    (shapes) are silenced: for a graph of fixed shapes they are not a risk."""
 
     def __enter__(self):
         _patch_lock.acquire()
         self.saved = {}
+        self.pending = []  # (message, [tensor constants the read depends on])
         try:
             for name in _HOST_READS:
                 orig = getattr(torch.Tensor, name, None)
                 if orig is None:
                     continue
                 self.saved[name] = torch.Tensor.__dict__.get(name, _MISSING)
-                setattr(torch.Tensor, name, _guard(name, orig))
+                setattr(torch.Tensor, name, _guard(name, orig, self.pending))
         except BaseException:
             self._restore()
             raise
@@ -203,6 +201,23 @@ class _HostReadsRefused:
     def __exit__(self, *exc):
         self.warnings.__exit__(*exc)
         self._restore()
+
+    def check(self):
+        """After the trace: _HostRead for the first pending read that depends on a tensor Python
+        holds elsewhere (a module's __dict__, a closure cell, a global, a container: found by
+        the garbage collector's referrers, one scan for all). A tensor the tracer made from a
+        Python number is held by nothing but the graph and these lists."""
+        consts = [t for _, ts in self.pending for t in ts]
+        if not consts:
+            return
+        ours = {id(consts)} | {id(ts) for _, ts in self.pending}
+        held = set()
+        for r in gc.get_referrers(*consts):
+            if id(r) not in ours and not inspect.isframe(r):
+                held.update(id(x) for x in gc.get_referents(r))
+        for what, ts in self.pending:
+            if any(id(t) in held for t in ts):
+                raise _HostRead(what)
 
 
 # ---- what the trace froze ----------------------------------------------------------------
@@ -307,8 +322,10 @@ def _check_free(name, tensors, dtypes):
 
 def _trace_wrapper(wrapper, flat_args, name):
     try:
-        with _HostReadsRefused():
-            return torch.jit.trace(wrapper, tuple(flat_args), check_trace=False)
+        with _HostReadsRefused() as reads:
+            scripted = torch.jit.trace(wrapper, tuple(flat_args), check_trace=False)
+        reads.check()
+        return scripted
     except _HostRead as e:
         _refuse(name, str(e), "A graph replays tensor operations only, so the value would stay "
                 "what it was at capture. Compute it with tensor operations instead (torch.where "
