@@ -292,9 +292,10 @@ enum graphd_role {
     GRAPHD_ROLE_PARAM = 5,       /* a module parameter: the caller may update it in place */
     GRAPHD_ROLE_PARAM_GRAD = 6,  /* written by BACKWARD */
     GRAPHD_ROLE_BUFFER = 7,      /* a module buffer (running stats): FORWARD updates it in place */
-    /* The generator state the graph's random ops draw from (a method with random ops only;
-     * "cpu": uint8[5056], torch.get_rng_state()): written by the caller before FORWARD, which
-     * writes the advanced state back. */
+    /* The generator state the graph's random ops draw from (a method with random ops only):
+     * "cpu", uint8[5056] (torch.get_rng_state()), written by the caller before FORWARD, which
+     * writes the advanced state back; "cuda", int64 (seed, offset, increment): the caller writes
+     * the Philox seed and offset, the capture wrote the increment (docs/PROTOCOL.md). */
     GRAPHD_ROLE_RNG_STATE = 8,
 };
 #define GRAPHD_PHASE_FORWARD 0
@@ -374,8 +375,11 @@ int graphd_capture(graphd_client_t *c, size_t n, const graphd_callable_t *callab
 typedef struct graphd_tensor {
     int role;       /* enum graphd_role */
     uint32_t index; /* position within its role */
-    char name[128]; /* parameter or buffer name for PARAM / PARAM_GRAD / BUFFER; output path */
-    int dtype;      /* enum graphd_dtype */
+    /* parameter or buffer name for PARAM / PARAM_GRAD / BUFFER; output path; for RNG_STATE
+     * the generator's device kind ("cpu": uint8 CPU generator state; "cuda": int64 Philox
+     * seed, offset, increment; docs/PROTOCOL.md) */
+    char name[128];
+    int dtype; /* enum graphd_dtype */
     uint32_t ndim;
     int64_t shape[GRAPHD_MAX_DIMS];
     int64_t strides[GRAPHD_MAX_DIMS]; /* in elements */
