@@ -26,7 +26,7 @@ DTYPE_INT64, DTYPE_INT32, DTYPE_INT16, DTYPE_INT8, DTYPE_UINT8, DTYPE_BOOL = 5, 
 # enum graphd_role (equal to graphd.v1.TensorRole).
 ROLE_INPUT, ROLE_OUTPUT, ROLE_GRAD_OUTPUT = 1, 2, 3
 ROLE_GRAD_INPUT, ROLE_PARAM, ROLE_PARAM_GRAD, ROLE_BUFFER = 4, 5, 6, 7
-ROLE_RNG_STATE = 8  # generator state, in/out of FORWARD ("cpu": uint8; "cuda": int64 seed/offset/inc)
+ROLE_RNG_STATE = 8  # generator state, in/out of FORWARD ("cpu": uint8, "cuda": int64[3])
 ROLE_NAMES = {ROLE_INPUT: "input", ROLE_OUTPUT: "output", ROLE_GRAD_OUTPUT: "grad_output",
               ROLE_GRAD_INPUT: "grad_input", ROLE_PARAM: "param", ROLE_PARAM_GRAD: "param_grad",
               ROLE_BUFFER: "buffer", ROLE_RNG_STATE: "rng_state"}
