@@ -16,6 +16,8 @@
 #include <unordered_set>
 
 #include <c10/util/accumulate.h>
+#include <torch/csrc/jit/ir/constants.h>
+#include <torch/csrc/jit/ir/ir.h>
 #include <torch/version.h>
 
 struct gr_module {
@@ -138,6 +140,64 @@ std::string zip_precheck(const void *bytes, size_t len)
     return "";
 }
 
+/* Why tensor t, loaded from a client's archive, is not a view inside its storage, or "". The
+ * archive gives each tensor's size, stride and offset over a storage of its own length, and
+ * libtorch's loader does not compare them: a view past its storage reads (and writes) the
+ * daemon's heap. PyTorch never makes negative strides, so none is taken. */
+std::string view_outside_storage(const at::Tensor &t)
+{
+    if (!t.defined() || t.is_sparse() || !t.has_storage())
+        return "";
+    if (t.storage_offset() < 0)
+        return "a negative storage offset";
+    int64_t last = t.storage_offset(), numel = 1;
+    for (int64_t d = 0; d < t.dim(); d++) {
+        int64_t size = t.size(d), stride = t.stride(d), span = 0;
+        if (size < 0 || stride < 0)
+            return "a negative size or stride";
+        if (size == 0)
+            return "";
+        if (__builtin_mul_overflow(size - 1, stride, &span) ||
+            __builtin_add_overflow(last, span, &last) ||
+            __builtin_mul_overflow(numel, size, &numel))
+            return "a view too large to address";
+    }
+    uint64_t need = 0;
+    if (__builtin_mul_overflow(static_cast<uint64_t>(last) + 1, t.element_size(), &need))
+        return "a view too large to address";
+    if (need > t.storage().nbytes())
+        return "a view of " + std::to_string(need) + " bytes over a storage of " +
+               std::to_string(t.storage().nbytes());
+    return "";
+}
+
+/* Every tensor the loaded module holds (parameters, buffers, other attributes, inside lists,
+ * tuples and dicts too) and every tensor constant of its code, checked with
+ * view_outside_storage before anything reads them. */
+void check_views(const torch::jit::Module &module)
+{
+    auto check = [](const at::Tensor &t, const std::string &what) {
+        std::string why = view_outside_storage(t);
+        if (!why.empty())
+            throw gr::Error(GR_EINVAL, "not a loadable TorchScript archive: " + what + " has " +
+                                           why + " (a damaged or crafted archive)");
+    };
+    for (const auto &attr : module.named_attributes(true)) {
+        attr.value.visit([&](const c10::IValue &v) {
+            if (v.isTensor())
+                check(v.toTensor(), "tensor '" + attr.name + "'");
+            return false; /* visit the values inside containers too */
+        });
+    }
+    for (const auto &m : module.modules())
+        for (const auto &method : m.get_methods())
+            for (const torch::jit::Node *n : method.graph()->nodes())
+                if (n->kind() == c10::prim::Constant &&
+                    n->output()->type()->cast<c10::TensorType>())
+                    check(torch::jit::toIValue(n->output())->toTensor(),
+                          "a tensor constant of method '" + method.name() + "'");
+}
+
 torch::jit::Module load_archive(const void *bytes, size_t len)
 {
     std::string why = zip_precheck(bytes, len);
@@ -145,12 +205,15 @@ torch::jit::Module load_archive(const void *bytes, size_t len)
         throw gr::Error(GR_EINVAL, "not a loadable TorchScript archive: " + why);
     MemoryBuf buf(bytes, len);
     std::istream in(&buf);
+    torch::jit::Module module;
     try {
-        return torch::jit::load(in, c10::Device(c10::kCPU));
+        module = torch::jit::load(in, c10::Device(c10::kCPU));
     } catch (const std::exception &e) {
         throw gr::Error(gr::code_of(e, GR_EINVAL),
                         "not a loadable TorchScript archive: " + gr::message_of(e));
     }
+    check_views(module);
+    return module;
 }
 
 /* Parameters or buffers without duplicates (tied weights appear once, as module.parameters()). */

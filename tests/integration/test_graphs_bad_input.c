@@ -318,6 +318,12 @@ static void bad_archives(void **state)
            "not a loadable TorchScript archive: ");
     assert_null(strchr(graphd_last_error(c), '\n'));
     free(bytes);
+    /* A tensor view past its storage (it read 64 KiB of the daemon's heap through a region, and
+     * crashed the daemon at 256 KiB): refused at registration. */
+    bytes = harness_models_read(&f->m, "badview.pt", &len);
+    expect(c, graphd_module_register(c, bytes, len, NULL, &id), GRAPHD_EINVALID_ARGUMENT,
+           "has a view of 65536 bytes over a storage of 16");
+    free(bytes);
     expect(c, graphd_module_register(c, NULL, 0, NULL, &id), GRAPHD_EINVALID_ARGUMENT, NULL);
     expect(c, graphd_module_release(c, 424242), GRAPHD_ENOT_FOUND, NULL);
 

@@ -242,6 +242,34 @@ def make_misc(out, ref):
             dst.writestr(info.filename, data)
 
 
+class View(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("b", torch.arange(4.0))
+
+    def forward(self, x):
+        return x + self.b.sum()
+
+
+def make_bad_views(out):
+    """Archives whose tensor view reaches outside its storage (16 bytes): data.pkl's size and
+    stride for the buffer edited, as a crafted archive would have them. badview.pt: shape
+    (16384,), a 64 KiB view; negview.pt: storage offset -1."""
+    path = os.path.join(out, "view.pt")
+    torch.jit.trace(View(), (torch.zeros(2),)).save(path)
+    args = b"K\x00(K\x04t(K\x01t"  # offset 0, size (4,), stride (1,)
+    for name, edited in (("badview.pt", b"K\x00(M\x00\x40t(K\x01t"),
+                         ("negview.pt", b"J\xff\xff\xff\xff(K\x04t(K\x01t")):
+        with zipfile.ZipFile(path) as src, zipfile.ZipFile(os.path.join(out, name), "w") as dst:
+            for info in src.infolist():
+                data = src.read(info)
+                if info.filename.endswith("/data.pkl"):
+                    if data.count(args) != 1:
+                        sys.exit("make_models.py: view.pt's data.pkl has no single %r" % args)
+                    data = data.replace(args, edited)
+                dst.writestr(info.filename, data)
+
+
 def make_big(out, ref):
     """A module over 1 MiB (libgraphd sends it through a shared region rather than inline)."""
     torch.manual_seed(777)
@@ -371,6 +399,7 @@ def main():
     make_expanded(out, ref)
     make_slow(out)
     make_random(out, ref)
+    make_bad_views(out)
     ref.write(os.path.join(out, "ref.txt"))
 
 

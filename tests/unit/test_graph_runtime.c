@@ -432,6 +432,18 @@ static void test_bad_archive(void **state)
     assert_null(strchr(gr_last_error(), '\n'));
     assert_null(strstr(gr_last_error(), "Could this error message be improved"));
     free(bytes);
+    /* Crafted tensor views: refused at load, before anything reads them. */
+    bytes = read_file("badview.pt", &len);
+    assert_error(gr_module_load(bytes, len, &m), GR_EINVAL, "tensor 'b' has a view of 65536 bytes");
+    assert_non_null(strstr(gr_last_error(), "over a storage of 16"));
+    free(bytes);
+    bytes = read_file("negview.pt", &len);
+    assert_error(gr_module_load(bytes, len, &m), GR_EINVAL, "a negative storage offset");
+    free(bytes);
+    bytes = read_file("view.pt", &len); /* the archive they were made from loads */
+    assert_int_equal(gr_module_load(bytes, len, &m), GR_OK);
+    assert_int_equal(gr_module_release(m), GR_OK);
+    free(bytes);
     assert_error(gr_module_load(NULL, 0, &m), GR_EINVAL, NULL);
     assert_int_equal(gr_module_loaded_count(), 0);
 }
