@@ -6,6 +6,7 @@
  */
 #include "rpc.h"
 #include "log.h"
+#include "unpack.h"
 
 #include <grpc/byte_buffer_reader.h>
 #include <grpc/grpc.h>
@@ -219,14 +220,12 @@ static void on_received(gd_rpc_t *rpc, gd_call_t *c)
     }
     grpc_slice s = grpc_byte_buffer_reader_readall(&reader);
     grpc_byte_buffer_reader_destroy(&reader);
-    c->request = protobuf_c_message_unpack(c->method->request, NULL, GRPC_SLICE_LENGTH(s),
-                                           GRPC_SLICE_START_PTR(s));
+    char why[256];
+    c->request = gd_request_unpack(c->method->request, GRPC_SLICE_LENGTH(s),
+                                   GRPC_SLICE_START_PTR(s), why, sizeof why);
     grpc_slice_unref(s);
     if (c->request == NULL) {
-        char msg[256];
-        snprintf(msg, sizeof msg, "the request message does not decode as %s",
-                 c->method->request->name);
-        finish(c, GRPC_STATUS_INVALID_ARGUMENT, msg);
+        finish(c, GRPC_STATUS_INVALID_ARGUMENT, why);
         return;
     }
     pthread_mutex_lock(&rpc->lock);

@@ -245,6 +245,43 @@ static void undecodable_messages(void **state)
                      UNIMPLEMENTED);
 }
 
+/* Strings that protobuf-c would take as they come: invalid UTF-8 (an invalid client_name made
+ * every later StatusReply undecodable for standard protobuf clients) and embedded NUL bytes
+ * (cut silently at the NUL). */
+static void invalid_strings(void **state)
+{
+    harness_t *h = *state;
+    static const struct {
+        const char *method;
+        const char *bytes;
+        size_t len;
+        const char *field;
+    } cases[] = {
+        {M("Hello"), "bad\xff\xfename", 9, "'client_name' of graphd.v1.HelloRequest is not valid"},
+        {M("Hello"), "\xed\xa0\x80", 3, "is not valid UTF-8"}, /* a surrogate */
+        {M("Hello"), "ab\0cd", 5, "'client_name' of graphd.v1.HelloRequest holds a NUL"},
+        {M("CreatePool"), "pool\0x", 6, "'name' of graphd.v1.CreatePoolRequest holds a NUL"},
+        {M("CreatePool"), "\xc0\xaf", 2, "is not valid UTF-8"}, /* an overlong '/' */
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        pb_t req = {.len = 0};
+        pb_bytes(&req, 1, cases[i].bytes, cases[i].len);
+        char details[256] = "";
+        int st = harness_raw_call(h->address, cases[i].method, req.buf, req.len, details,
+                                  sizeof(details), NULL, NULL);
+        if (st != INVALID_ARGUMENT || strstr(details, cases[i].field) == NULL)
+            fail_msg("case %zu: status %d (%s), want INVALID_ARGUMENT with \"%s\"", i, st, details,
+                     cases[i].field);
+    }
+    /* Valid UTF-8 beyond ASCII is a name like any other, and status still decodes. */
+    graphd_client_t *c = harness_client(h, "caf\xc3\xa9 \xe2\x9c\x93");
+    assert_non_null(c);
+    json_t *st = harness_status(c);
+    assert_non_null(st);
+    json_decref(st);
+    graphd_close(c);
+}
+
 static void forged_sessions(void **state)
 {
     harness_t *h = *state;
@@ -472,6 +509,7 @@ int main(void)
         cmocka_unit_test(pool_limits),
         cmocka_unit_test(pool_names),
         cmocka_unit_test(undecodable_messages),
+        cmocka_unit_test(invalid_strings),
         cmocka_unit_test(forged_sessions),
         cmocka_unit_test(alloc_before_attach),
         cmocka_unit_test(garbage_on_session_socket),
