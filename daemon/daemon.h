@@ -189,6 +189,10 @@ extern const size_t gd_methods_count;
 struct Graphd__V1__SessionRef;
 gd_session_t *gd_session_of(gd_daemon_t *d, gd_call_t *call,
                             const struct Graphd__V1__SessionRef *ref);
+/* As gd_session_of, and FAILED_PRECONDITION (naming what) for a session whose socket is not
+ * attached: it has no owner yet and may only attach. For every session call but Goodbye. */
+gd_session_t *gd_attached_session_of(gd_daemon_t *d, gd_call_t *call,
+                                     const struct Graphd__V1__SessionRef *ref, const char *what);
 
 /* graphs.c handlers */
 void gd_rpc_register_module(void *ctx, gd_call_t *call, const ProtobufCMessage *req);

@@ -628,7 +628,7 @@ void gd_rpc_register_module(void *ctx, gd_call_t *call, const ProtobufCMessage *
 {
     gd_daemon_t *d = ctx;
     const Graphd__V1__RegisterModuleRequest *req = (const void *)msg;
-    gd_session_t *s = gd_session_of(d, call, req->session);
+    gd_session_t *s = gd_attached_session_of(d, call, req->session, "registering modules");
     if (s == NULL)
         return;
     if (req->format != GRAPHD__V1__MODULE_FORMAT__MODULE_FORMAT_UNSPECIFIED &&
@@ -747,7 +747,7 @@ void gd_rpc_release_module(void *ctx, gd_call_t *call, const ProtobufCMessage *m
 {
     gd_daemon_t *d = ctx;
     const Graphd__V1__ReleaseModuleRequest *req = (const void *)msg;
-    gd_session_t *s = gd_session_of(d, call, req->session);
+    gd_session_t *s = gd_attached_session_of(d, call, req->session, "releasing modules");
     if (s == NULL)
         return;
     gd_module_t *m = module_of(d, call, s, req->module_id);
@@ -1212,7 +1212,7 @@ void gd_rpc_capture(void *ctx, gd_call_t *call, const ProtobufCMessage *msg)
 {
     gd_daemon_t *d = ctx;
     const Graphd__V1__CaptureRequest *req = (const void *)msg;
-    gd_session_t *s = gd_session_of(d, call, req->session);
+    gd_session_t *s = gd_attached_session_of(d, call, req->session, "capturing");
     if (s == NULL)
         return;
     if (req->n_callables == 0 || req->n_callables > MAX_CALLABLES) {
@@ -1556,7 +1556,7 @@ void gd_rpc_replay(void *ctx, gd_call_t *call, const ProtobufCMessage *msg)
     gd_daemon_t *d = ctx;
     const Graphd__V1__ReplayRequest *req = (const void *)msg;
     uint64_t t0 = gd_now_ns();
-    gd_session_t *s = gd_session_of(d, call, req->session);
+    gd_session_t *s = gd_attached_session_of(d, call, req->session, "replaying");
     if (s == NULL)
         return;
     gd_graph_t *g = NULL;
@@ -1585,7 +1585,7 @@ void gd_rpc_release_graph(void *ctx, gd_call_t *call, const ProtobufCMessage *ms
 {
     gd_daemon_t *d = ctx;
     const Graphd__V1__ReleaseGraphRequest *req = (const void *)msg;
-    gd_session_t *s = gd_session_of(d, call, req->session);
+    gd_session_t *s = gd_attached_session_of(d, call, req->session, "releasing graphs");
     if (s == NULL)
         return;
     gd_graph_t *g = graph_find(d, req->graph_id);

@@ -52,6 +52,23 @@ gd_session_t *gd_session_of(gd_daemon_t *d, gd_call_t *call, const Graphd__V1__S
     return s;
 }
 
+/* As gd_session_of, for calls that act in the session (all but Goodbye): a session whose socket
+ * is not attached has no owner yet (SO_PEERCRED), so it may do nothing but attach; what names
+ * the call for the message. */
+gd_session_t *gd_attached_session_of(gd_daemon_t *d, gd_call_t *call,
+                                     const Graphd__V1__SessionRef *ref, const char *what)
+{
+    gd_session_t *s = gd_session_of(d, call, ref);
+    if (s != NULL && !s->attached) {
+        gd_call_fail(call, GD_FAILED_PRECONDITION,
+                     "attach the session socket before %s: a session that is not attached has "
+                     "no owner and can only attach",
+                     what);
+        return NULL;
+    }
+    return s;
+}
+
 static void fill_device(Graphd__V1__Device *m, const gd_device_t *dev)
 {
     graphd__v1__device__init(m);
@@ -401,14 +418,9 @@ static void alloc_region(void *ctx, gd_call_t *call, const ProtobufCMessage *msg
 {
     gd_daemon_t *d = ctx;
     const Graphd__V1__AllocRegionRequest *req = (const void *)msg;
-    gd_session_t *s = gd_session_of(d, call, req->session);
+    gd_session_t *s = gd_attached_session_of(d, call, req->session, "allocating regions");
     if (s == NULL)
         return;
-    if (!s->attached) {
-        gd_call_fail(call, GD_FAILED_PRECONDITION,
-                     "attach the session socket before allocating regions");
-        return;
-    }
     const char *name = req->pool[0] ? req->pool : d->cfg.default_pool;
     pm_pool_t *p = pm_pool_find(d->pools, name);
     if (p == NULL) {
@@ -444,7 +456,7 @@ static void free_region(void *ctx, gd_call_t *call, const ProtobufCMessage *msg)
 {
     gd_daemon_t *d = ctx;
     const Graphd__V1__FreeRegionRequest *req = (const void *)msg;
-    gd_session_t *s = gd_session_of(d, call, req->session);
+    gd_session_t *s = gd_attached_session_of(d, call, req->session, "freeing regions");
     if (s == NULL)
         return;
     pm_region_t *dr = pm_region_find(d->pools, req->region_id);

@@ -337,7 +337,9 @@ static void forged_sessions(void **state)
                      FAILED_PRECONDITION);
 }
 
-static void alloc_before_attach(void **state)
+/* A session whose socket never attached has no owner (no SO_PEERCRED identity): every call
+ * but Goodbye is refused, modules, captures and replays included. */
+static void calls_before_attach(void **state)
 {
     harness_t *h = *state;
     raw_session_t s;
@@ -351,6 +353,17 @@ static void alloc_before_attach(void **state)
     if (st != FAILED_PRECONDITION)
         fail_msg("AllocRegion before ATTACH: status %d (%s), want FAILED_PRECONDITION", st,
                  details);
+    const char *methods[] = {M("RegisterModule"), M("ReleaseModule"), M("Capture"),
+                             M("Replay"),         M("ReleaseGraph"),  M("FreeRegion")};
+    for (size_t i = 0; i < sizeof(methods) / sizeof(methods[0]); i++) {
+        req.len = 0;
+        pb_session(&req, s.id, s.token);
+        st = harness_raw_call(h->address, methods[i], req.buf, req.len, details, sizeof(details),
+                              NULL, NULL);
+        if (st != FAILED_PRECONDITION || strstr(details, "attach the session socket") == NULL)
+            fail_msg("%s before ATTACH: status %d (%s), want FAILED_PRECONDITION", methods[i], st,
+                     details);
+    }
     req.len = 0;
     pb_session(&req, s.id, s.token);
     assert_int_equal(harness_raw_call(h->address, M("Goodbye"), req.buf, req.len, details,
@@ -511,7 +524,7 @@ int main(void)
         cmocka_unit_test(undecodable_messages),
         cmocka_unit_test(invalid_strings),
         cmocka_unit_test(forged_sessions),
-        cmocka_unit_test(alloc_before_attach),
+        cmocka_unit_test(calls_before_attach),
         cmocka_unit_test(garbage_on_session_socket),
         cmocka_unit_test(garbage_ends_attached_session),
     };
