@@ -244,6 +244,11 @@ static void delete_pool(void *ctx, gd_call_t *call, const ProtobufCMessage *msg)
 {
     gd_daemon_t *d = ctx;
     const Graphd__V1__DeletePoolRequest *req = (const void *)msg;
+    if (strcmp(req->name, d->cfg.default_pool) == 0) { /* else any client could re-make it small */
+        gd_call_fail(call, GD_PERMISSION_DENIED,
+                     "pool '%s' is the daemon's default pool and cannot be deleted", req->name);
+        return;
+    }
     int rc = pm_pool_delete(d->pools, req->name);
     if (rc == PM_ENOENT) {
         gd_call_fail(call, GD_NOT_FOUND, "no pool named '%.64s'", req->name);

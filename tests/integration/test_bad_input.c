@@ -213,6 +213,10 @@ static void pool_names(void **state)
     assert_int_equal(graphd_pool_create(c, "ok.name_1-2", NULL, 0, NULL), GRAPHD_OK);
     assert_int_equal(graphd_pool_create(c, "ok.name_1-2", NULL, 0, NULL), GRAPHD_EALREADY_EXISTS);
     assert_int_equal(graphd_pool_create(c, "default", NULL, 0, NULL), GRAPHD_EALREADY_EXISTS);
+    /* The daemon's pool: a client deleting it could re-create it with a 4 KiB limit. */
+    assert_int_equal(graphd_pool_delete(c, "default"), GRAPHD_EPERMISSION_DENIED);
+    assert_non_null(strstr(graphd_last_error(c), "default pool and cannot be deleted"));
+    assert_int_equal(graphd_pool_create(c, "default", NULL, 4096, NULL), GRAPHD_EALREADY_EXISTS);
     assert_int_equal(graphd_pool_delete(c, "ok.name_1-2"), GRAPHD_OK);
     int rc = graphd_pool_delete(c, "");
     assert_true(rc == GRAPHD_ENOT_FOUND || rc == GRAPHD_EINVALID_ARGUMENT);
