@@ -50,6 +50,10 @@ const gd_setting_t gd_settings[] = {
      "how long SIGTERM waits for in-flight calls before cancelling them"},
     {"inline_module_max_bytes", GD_CFG_BYTES, FIELD(inline_module_max_bytes), "4Mi", 0, 1 * GiB,
      true, "largest module archive accepted inline in a RegisterModule request"},
+    {"max_module_unpacked_bytes", GD_CFG_BYTES, FIELD(max_module_unpacked_bytes), "4Gi", 1 * MiB,
+     1 * TiB, false,
+     "largest total a module archive's files may unpack to (checked in its ZIP directory "
+     "before loading)"},
     {"cpu_devices", GD_CFG_UINT, FIELD(cpu_devices), "1", 1, 8, false,
      "logical CPU devices cpu:0..cpu:N-1, each with its own worker thread and pools (a split of "
      "the queues, not of the cores: all share the host's cores and libtorch's intra-op "

@@ -190,7 +190,8 @@ int gd_graphs_start(gd_daemon_t *d)
 {
     pm_manager_set_device_free(d->pools, device_free_hook, d);
     if (gr_runtime_init((int)d->cfg.intra_op_threads) != GR_OK ||
-        gr_cpu_devices((int)d->cfg.cpu_devices) != GR_OK) {
+        gr_cpu_devices((int)d->cfg.cpu_devices) != GR_OK ||
+        gr_module_max_unpacked(d->cfg.max_module_unpacked_bytes) != GR_OK) {
         gd_error("graph runtime: %s", gr_last_error());
         return -1;
     }

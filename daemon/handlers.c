@@ -244,7 +244,8 @@ static void delete_pool(void *ctx, gd_call_t *call, const ProtobufCMessage *msg)
 {
     gd_daemon_t *d = ctx;
     const Graphd__V1__DeletePoolRequest *req = (const void *)msg;
-    if (strcmp(req->name, d->cfg.default_pool) == 0) { /* else any client could re-make it small */
+    if (d->cfg.default_pool[0] != '\0' && strcmp(req->name, d->cfg.default_pool) == 0) {
+        /* else any client could delete it and re-make it with a tiny limit */
         gd_call_fail(call, GD_PERMISSION_DENIED,
                      "pool '%s' is the daemon's default pool and cannot be deleted", req->name);
         return;

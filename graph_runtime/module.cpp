@@ -8,6 +8,7 @@
  */
 #include "engine_int.h"
 
+#include <atomic>
 #include <cstring>
 #include <istream>
 #include <mutex>
@@ -93,6 +94,8 @@ uint32_t le(const uint8_t *p, int n)
  * no version record), and the daemon takes archives from clients. So the ZIP directory is checked
  * here first: "" when it looks like torch.jit.save's, else why not. ZIP64 archives (over 4 GiB)
  * are left to libtorch. */
+std::atomic<uint64_t> max_unpacked{UINT64_C(4) << 30}; /* gr_module_max_unpacked */
+
 std::string zip_precheck(const void *bytes, size_t len)
 {
     const auto *p = static_cast<const uint8_t *>(bytes);
@@ -117,6 +120,7 @@ std::string zip_precheck(const void *bytes, size_t len)
         return "the archive holds no files";
     std::unordered_set<std::string> names;
     std::string first;
+    uint64_t unpacked = 0; /* a ZIP64 entry's size (0xffffffff here) counts as 4 GiB */
     size_t off = cd_off, end = size_t(cd_off) + cd_size;
     for (uint32_t e = 0; e < entries; e++) {
         if (off + cdh_len > end || le(p + off, 4) != 0x02014b50)
@@ -125,12 +129,18 @@ std::string zip_precheck(const void *bytes, size_t len)
         size_t comment = le(p + off + 32, 2);
         if (off + cdh_len + name_len + extra + comment > end)
             return "damaged ZIP central directory";
+        unpacked += le(p + off + 24, 4);
         std::string name(reinterpret_cast<const char *>(p + off + cdh_len), name_len);
         if (e == 0)
             first = name;
         names.insert(std::move(name));
         off += cdh_len + name_len + extra + comment;
     }
+    const uint64_t bound = max_unpacked.load(std::memory_order_relaxed);
+    if (bound != 0 && unpacked > bound)
+        return "its files would unpack to " + std::to_string(unpacked) +
+               " bytes, over the daemon's bound of " + std::to_string(bound) +
+               " (max_module_unpacked_bytes)";
     size_t slash = first.find('/');
     if (slash == std::string::npos)
         return "file in archive is not in a subdirectory: " + first.substr(0, 100);
@@ -339,6 +349,12 @@ torch::jit::Module module_clone(gr_module_t *m, c10::Device device)
 }
 
 } // namespace gr
+
+extern "C" int gr_module_max_unpacked(uint64_t bytes)
+{
+    max_unpacked.store(bytes, std::memory_order_relaxed);
+    return GR_OK;
+}
 
 extern "C" int gr_module_load(const void *bytes, size_t len, gr_module_t **out)
 {

@@ -60,6 +60,10 @@ int gr_runtime_init(int intra_op_threads);
  * device is a separate queue for the caller (one thread each), not a share of the cores. Pools and
  * graphs made before a later call keep working. GR_EINVAL for n outside [1, 64]. */
 int gr_cpu_devices(int n);
+/* Optional, process-wide: gr_module_load refuses (GR_EINVAL) an archive whose files would unpack
+ * to more than bytes in all, as its ZIP directory says, before libtorch inflates anything (a
+ * small archive can inflate to gigabytes). 0: no bound. Default 4 GiB. */
+int gr_module_max_unpacked(uint64_t bytes);
 /* The libtorch version this runtime was built against, e.g. "1.13.0". */
 const char *gr_runtime_torch_version(void);
 

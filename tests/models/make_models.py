@@ -270,6 +270,17 @@ def make_bad_views(out):
                 dst.writestr(info.filename, data)
 
 
+def make_bomb(out):
+    """bomb.pt: mlp.pt with one more file of 8 MiB of zeros, deflated to a few kilobytes (a
+    small zip bomb)."""
+    with zipfile.ZipFile(os.path.join(out, "mlp.pt")) as src, \
+            zipfile.ZipFile(os.path.join(out, "bomb.pt"), "w") as dst:
+        prefix = src.namelist()[0].split("/")[0]
+        for info in src.infolist():
+            dst.writestr(info, src.read(info))
+        dst.writestr(prefix + "/extra/zeros", bytes(8 << 20), compress_type=zipfile.ZIP_DEFLATED)
+
+
 def make_big(out, ref):
     """A module over 1 MiB (libgraphd sends it through a shared region rather than inline)."""
     torch.manual_seed(777)
@@ -400,6 +411,7 @@ def main():
     make_slow(out)
     make_random(out, ref)
     make_bad_views(out)
+    make_bomb(out)
     ref.write(os.path.join(out, "ref.txt"))
 
 

@@ -440,6 +440,16 @@ static void test_bad_archive(void **state)
     bytes = read_file("negview.pt", &len);
     assert_error(gr_module_load(bytes, len, &m), GR_EINVAL, "a negative storage offset");
     free(bytes);
+    /* A zip bomb: 8 MiB of zeros deflated to kilobytes, over a bound of 4 MiB. */
+    bytes = read_file("bomb.pt", &len);
+    assert_true(len < (1 << 20));
+    assert_int_equal(gr_module_max_unpacked(4 << 20), GR_OK);
+    assert_error(gr_module_load(bytes, len, &m), GR_EINVAL, "would unpack to ");
+    assert_non_null(strstr(gr_last_error(), "over the daemon's bound of 4194304"));
+    assert_int_equal(gr_module_max_unpacked(UINT64_C(4) << 30), GR_OK); /* the default */
+    assert_int_equal(gr_module_load(bytes, len, &m), GR_OK);
+    assert_int_equal(gr_module_release(m), GR_OK);
+    free(bytes);
     bytes = read_file("view.pt", &len); /* the archive they were made from loads */
     assert_int_equal(gr_module_load(bytes, len, &m), GR_OK);
     assert_int_equal(gr_module_release(m), GR_OK);
