@@ -41,14 +41,6 @@ static uint64_t now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
-static const double *ref(const fixture_t *f, const char *key, size_t n)
-{
-    const double *v = harness_models_ref(&f->m, key, n);
-    if (v == NULL)
-        fail_msg("reference %s missing", key);
-    return v;
-}
-
 static graphd_tensor_spec_t f32_spec(int64_t rows, int64_t cols, int requires_grad)
 {
     graphd_tensor_spec_t s;
@@ -276,9 +268,9 @@ static void graphs_on_each_device_train_like_pytorch(void **state)
     capture_in(c, f, "mlp.pt", 16, 16, NULL, -1, &g[0]);
     capture_in(c, f, "mlp.pt", 16, 16, "it-train1", -1, &g[1]);
 
-    const double *x = ref(f, "mlp.x", 16 * 16);
-    const double *y = ref(f, "mlp.y", 16 * 8);
-    const double *losses = ref(f, "mlp.losses", STEPS);
+    const double *x = harness_fixture_ref(f, "mlp.x", 16 * 16);
+    const double *y = harness_fixture_ref(f, "mlp.y", 16 * 8);
+    const double *losses = harness_fixture_ref(f, "mlp.losses", STEPS);
     for (int step = 0; step < STEPS; step++) {
         for (int k = 0; k < 2; k++) {
             double loss = train_step(&g[k], x, y);

@@ -40,14 +40,6 @@ typedef harness_fixture_t fixture_t;
 
 /* ---- helpers ---------------------------------------------------------------------------- */
 
-static const double *ref(const fixture_t *f, const char *key, size_t n)
-{
-    const double *v = harness_models_ref(&f->m, key, n);
-    if (v == NULL)
-        fail_msg("reference %s missing", key);
-    return v;
-}
-
 static uint64_t register_model(graphd_client_t *c, const fixture_t *f, const char *name)
 {
     uint64_t id = harness_models_register(c, &f->m, name);
@@ -224,8 +216,9 @@ static void mlp_trains_like_pytorch(void **state)
         }
     }
 
-    const double *x = ref(f, "mlp.x", 256), *y = ref(f, "mlp.y", 128);
-    const double *losses = ref(f, "mlp.losses", STEPS);
+    const double *x = harness_fixture_ref(f, "mlp.x", 256),
+                 *y = harness_fixture_ref(f, "mlp.y", 128);
+    const double *losses = harness_fixture_ref(f, "mlp.losses", STEPS);
     for (int step = 0; step < STEPS; step++) {
         put(&g, GRAPHD_ROLE_INPUT, 0, x);
         replay_ok(&g, GRAPHD_PHASE_FORWARD, FAST);
@@ -302,8 +295,9 @@ static void two_callables_share_a_pool(void **state)
     assert_int_equal(harness_count_role(&g[1], GRAPHD_ROLE_GRAD_INPUT), 1);
     assert_true(graphd_graph_id(g[0].g) != graphd_graph_id(g[1].g));
 
-    const double *x = ref(f, "two.x", 256), *y = ref(f, "two.y", 128);
-    const double *losses = ref(f, "two.losses", STEPS);
+    const double *x = harness_fixture_ref(f, "two.x", 256),
+                 *y = harness_fixture_ref(f, "two.y", 128);
+    const double *losses = harness_fixture_ref(f, "two.losses", STEPS);
     size_t n_mid = harness_numel(tensor(&g[0], GRAPHD_ROLE_OUTPUT, 0));
     assert_int_equal(n_mid, 16 * 12);
     for (int step = 0; step < STEPS; step++) {
@@ -398,9 +392,10 @@ static void eval_mode_module(void **state)
     assert_int_equal(harness_count_role(&g, GRAPHD_ROLE_GRAD_OUTPUT), 0);
     assert_false(tensor(&g, GRAPHD_ROLE_OUTPUT, 0)->requires_grad);
     for (int rep = 0; rep < 3; rep++) { /* dropout off, running stats fixed */
-        put(&g, GRAPHD_ROLE_INPUT, 0, ref(f, "eval.x", 24));
+        put(&g, GRAPHD_ROLE_INPUT, 0, harness_fixture_ref(f, "eval.x", 24));
         replay_ok(&g, GRAPHD_PHASE_FORWARD, rep == 1 ? RPC : FAST);
-        assert_close(f32(&g, GRAPHD_ROLE_OUTPUT, 0), ref(f, "eval.out", 12), 12, 1e-5, "eval");
+        assert_close(f32(&g, GRAPHD_ROLE_OUTPUT, 0), harness_fixture_ref(f, "eval.out", 12), 12,
+                     1e-5, "eval");
     }
     assert_int_equal(graphd_replay(g.g, GRAPHD_PHASE_BACKWARD, NULL), GRAPHD_EFAILED_PRECONDITION);
     assert_int_equal(harness_graph_release(&g), GRAPHD_OK);
@@ -471,7 +466,7 @@ static void batchnorm_buffers(void **state)
             before_rm[j] = buf_rm[j];
             before_rv[j] = buf_rv[j];
         }
-        put(&g, GRAPHD_ROLE_INPUT, 0, ref(f, inputs[k], 30));
+        put(&g, GRAPHD_ROLE_INPUT, 0, harness_fixture_ref(f, inputs[k], 30));
         replay_ok(&g, GRAPHD_PHASE_FORWARD, k == 1 ? RPC : FAST);
         double mean[5], var[5], var_u[5];
         for (int j = 0; j < 5; j++)
@@ -530,24 +525,29 @@ static void several_outputs_some_with_grad(void **state)
     assert_non_null(harness_tensor(&g, GRAPHD_ROLE_GRAD_INPUT, 0));
     assert_int_equal(harness_count_role(&g, GRAPHD_ROLE_PARAM_GRAD), 4);
 
-    put(&g, GRAPHD_ROLE_INPUT, 0, ref(f, "multi.x", 20));
-    put(&g, GRAPHD_ROLE_INPUT, 1, ref(f, "multi.y", 10));
+    put(&g, GRAPHD_ROLE_INPUT, 0, harness_fixture_ref(f, "multi.x", 20));
+    put(&g, GRAPHD_ROLE_INPUT, 1, harness_fixture_ref(f, "multi.y", 10));
     replay_ok(&g, GRAPHD_PHASE_FORWARD, FAST);
-    assert_close(f32(&g, GRAPHD_ROLE_OUTPUT, 0), ref(f, "multi.a", 15), 15, 1e-5, "a");
-    assert_close(f32(&g, GRAPHD_ROLE_OUTPUT, 1), ref(f, "multi.b", 5), 5, 1e-5, "b");
-    assert_close(f32(&g, GRAPHD_ROLE_OUTPUT, 2), ref(f, "multi.c", 15), 15, 1e-5, "c");
-    assert_close(f32(&g, GRAPHD_ROLE_OUTPUT, 3), ref(f, "multi.d", 20), 20, 0, "d");
-    put(&g, GRAPHD_ROLE_GRAD_OUTPUT, 0, ref(f, "multi.ga", 15));
-    put(&g, GRAPHD_ROLE_GRAD_OUTPUT, 2, ref(f, "multi.gc", 15));
+    assert_close(f32(&g, GRAPHD_ROLE_OUTPUT, 0), harness_fixture_ref(f, "multi.a", 15), 15, 1e-5,
+                 "a");
+    assert_close(f32(&g, GRAPHD_ROLE_OUTPUT, 1), harness_fixture_ref(f, "multi.b", 5), 5, 1e-5,
+                 "b");
+    assert_close(f32(&g, GRAPHD_ROLE_OUTPUT, 2), harness_fixture_ref(f, "multi.c", 15), 15, 1e-5,
+                 "c");
+    assert_close(f32(&g, GRAPHD_ROLE_OUTPUT, 3), harness_fixture_ref(f, "multi.d", 20), 20, 0, "d");
+    put(&g, GRAPHD_ROLE_GRAD_OUTPUT, 0, harness_fixture_ref(f, "multi.ga", 15));
+    put(&g, GRAPHD_ROLE_GRAD_OUTPUT, 2, harness_fixture_ref(f, "multi.gc", 15));
     replay_ok(&g, GRAPHD_PHASE_BACKWARD, FAST);
-    assert_close(f32(&g, GRAPHD_ROLE_GRAD_INPUT, 0), ref(f, "multi.gx", 20), 20, 1e-5, "gx");
+    assert_close(f32(&g, GRAPHD_ROLE_GRAD_INPUT, 0), harness_fixture_ref(f, "multi.gx", 20), 20,
+                 1e-5, "gx");
     for (size_t k = 0; k < g.n; k++) {
         const graphd_tensor_t *t = &g.t[k];
         if (t->role != GRAPHD_ROLE_PARAM_GRAD)
             continue;
         char key[160];
         snprintf(key, sizeof(key), "multi.g.%s", t->name);
-        assert_close(t->data, ref(f, key, harness_numel(t)), harness_numel(t), 1e-5, key);
+        assert_close(t->data, harness_fixture_ref(f, key, harness_numel(t)), harness_numel(t), 1e-5,
+                     key);
     }
     assert_int_equal(harness_graph_release(&g), GRAPHD_OK);
     graphd_close(c);
@@ -590,7 +590,7 @@ static void fast_path_and_grpc_bit_identical(void **state)
 
     const int fwd_roles[] = {GRAPHD_ROLE_OUTPUT};
     const int bwd_roles[] = {GRAPHD_ROLE_GRAD_INPUT, GRAPHD_ROLE_PARAM_GRAD};
-    const double *x = ref(f, "mlp.x", 256);
+    const double *x = harness_fixture_ref(f, "mlp.x", 256);
     float *gout = f32(&g, GRAPHD_ROLE_GRAD_OUTPUT, 0);
     for (int round = 0; round < 3; round++) {
         put(&g, GRAPHD_ROLE_INPUT, 0, x);
@@ -660,9 +660,10 @@ static void large_module_through_a_region(void **state)
     graphd_callable_t callable = {mid, NULL, 1, &arg};
     harness_graph_t g;
     capture_ok(c, 1, &callable, NULL, &g);
-    put(&g, GRAPHD_ROLE_INPUT, 0, ref(f, "big.x", 3 * 640));
+    put(&g, GRAPHD_ROLE_INPUT, 0, harness_fixture_ref(f, "big.x", 3 * 640));
     replay_ok(&g, GRAPHD_PHASE_FORWARD, FAST);
-    assert_close(f32(&g, GRAPHD_ROLE_OUTPUT, 0), ref(f, "big.y", 3 * 512), 3 * 512, 1e-5, "big");
+    assert_close(f32(&g, GRAPHD_ROLE_OUTPUT, 0), harness_fixture_ref(f, "big.y", 3 * 512), 3 * 512,
+                 1e-5, "big");
     assert_int_equal(harness_graph_release(&g), GRAPHD_OK);
     assert_int_equal(graphd_module_release(c, mid), GRAPHD_OK);
     assert_int_equal(graphd_module_release(c, mid), GRAPHD_ENOT_FOUND);

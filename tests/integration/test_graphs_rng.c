@@ -26,14 +26,6 @@
 
 typedef harness_fixture_t fixture_t;
 
-static const double *ref(const fixture_t *f, const char *key, size_t n)
-{
-    const double *v = harness_models_ref(&f->m, key, n);
-    if (v == NULL)
-        fail_msg("reference %s missing", key);
-    return v;
-}
-
 static void capture_model(graphd_client_t *c, const fixture_t *f, const char *file,
                           const int64_t *xs, harness_graph_t *out)
 {
@@ -98,8 +90,10 @@ static void dropout_follows_the_written_state(void **state)
     uint8_t *rng = rt->data;
     float *x = harness_tensor(&g, GRAPHD_ROLE_INPUT, 0)->data;
     const float *out = harness_tensor(&g, GRAPHD_ROLE_OUTPUT, 0)->data;
-    const double *xv = ref(f, "drop.x", DROP_IN), *state0 = ref(f, "drop.state0", RNG_BYTES);
-    const double *state1 = ref(f, "drop.state1", RNG_BYTES), *out1 = ref(f, "drop.out1", DROP_OUT);
+    const double *xv = harness_fixture_ref(f, "drop.x", DROP_IN),
+                 *state0 = harness_fixture_ref(f, "drop.state0", RNG_BYTES);
+    const double *state1 = harness_fixture_ref(f, "drop.state1", RNG_BYTES),
+                 *out1 = harness_fixture_ref(f, "drop.out1", DROP_OUT);
     for (size_t i = 0; i < DROP_IN; i++)
         x[i] = (float)xv[i];
 

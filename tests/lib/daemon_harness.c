@@ -2,6 +2,11 @@
  * Integration-test harness: the daemon's lifecycle in a temporary
  * directory, child programs with captured output, and status as JSON.
  */
+#include <setjmp.h> /* cmocka needs these first */
+#include <stdarg.h>
+#include <stddef.h>
+
+#include <cmocka.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -407,4 +412,12 @@ int harness_fixture_group_setup(void **state)
 int harness_fixture_group_teardown(void **state)
 {
     return harness_fixture_stop(*state);
+}
+
+const double *harness_fixture_ref(const harness_fixture_t *f, const char *key, size_t n)
+{
+    const double *v = harness_models_ref(&f->m, key, n);
+    if (v == NULL)
+        fail_msg("reference %s missing", key);
+    return v;
 }

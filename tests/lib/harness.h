@@ -122,6 +122,8 @@ int harness_group_setup(void **state);
 int harness_group_teardown(void **state);
 int harness_fixture_group_setup(void **state);
 int harness_fixture_group_teardown(void **state);
+/* harness_models_ref of the fixture's models, failing the running cmocka test when missing. */
+const double *harness_fixture_ref(const harness_fixture_t *f, const char *key, size_t n);
 /* The path of a file in the models directory (a static buffer, overwritten by the next call). */
 const char *harness_models_path(const harness_models_t *m, const char *name);
 /* The bytes of a file in the models directory (free them); NULL with a message on failure. */
