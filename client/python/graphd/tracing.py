@@ -136,6 +136,18 @@ def _reads_values(value, consts):
     return False
 
 
+def _held_by_python(tensors, ours):
+    """The ids of those of tensors that something holds besides frames and the containers in
+    ours (the caller's own lists): a module's __dict__, a closure cell, a global, a container.
+    One scan of the garbage collector's objects for all of them."""
+    own = {id(c) for c in ours}
+    held = set()
+    for r in gc.get_referrers(*tensors):
+        if id(r) not in own and not inspect.isframe(r):
+            held.update(id(x) for x in gc.get_referents(r))
+    return held
+
+
 def _user_frame():
     """'file:line: code' of the innermost frame outside torch and graphd (the user's line)."""
     for fr in reversed(traceback.extract_stack()):
@@ -210,11 +222,7 @@ class _HostReadsRefused:
         consts = [t for _, ts in self.pending for t in ts]
         if not consts:
             return
-        ours = {id(consts)} | {id(ts) for _, ts in self.pending}
-        held = set()
-        for r in gc.get_referrers(*consts):
-            if id(r) not in ours and not inspect.isframe(r):
-                held.update(id(x) for x in gc.get_referents(r))
+        held = _held_by_python(consts, [consts] + [ts for _, ts in self.pending])
         for what, ts in self.pending:
             if any(id(t) in held for t in ts):
                 raise _HostRead(what)
@@ -254,10 +262,7 @@ def _python_side_tensors(scripted):
                 where[id(t)] = _where(node)
     if not consts:
         return []
-    held = set()
-    for r in gc.get_referrers(*consts):
-        if r is not consts and not inspect.isframe(r):
-            held.update(id(x) for x in gc.get_referents(r))
+    held = _held_by_python(consts, [consts])
     return [(t, where[id(t)]) for t in consts if id(t) in held]
 
 
