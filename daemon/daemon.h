@@ -117,7 +117,7 @@ int gd_wire_send(gd_wire_t *w, const graphd_frame_t *f, const char *msg, int pas
 int gd_wire_send_bytes(gd_wire_t *w, const graphd_frame_t *f, const void *msg, size_t mlen,
                        int pass_fd);
 
-/* graphs.c: modules, captures, graphs and replays. */
+/* lifetime.c, modules.c, capture.c, replay.c: modules, captures, graphs and replays. */
 int gd_graphs_start(gd_daemon_t *d);
 /* Stops the workers (after running what they hold) and frees the runtime state. */
 void gd_graphs_stop(gd_daemon_t *d);
@@ -129,7 +129,7 @@ void gd_replay_frame(gd_daemon_t *d, gd_session_t *s, gd_wire_t *wire, const gra
 gd_worker_t *gd_worker_for(gd_daemon_t *d, const char *device);
 /* Whether a pool holds graphs (it cannot be deleted then), and forgetting a deleted pool. */
 void gd_graphs_pool_deleted(gd_daemon_t *d, const char *pool);
-/* Status sections for graphs and per-pool graph figures (graphd.pb-c.h types; see graphs.c). */
+/* Status sections for graphs and per-pool graph figures (graphd.pb-c.h types; status.c). */
 struct Graphd__V1__StatusReply;
 void gd_graphs_status(gd_daemon_t *d, struct Graphd__V1__StatusReply *rep);
 void gd_graphs_status_free(struct Graphd__V1__StatusReply *rep);
@@ -182,6 +182,16 @@ int gd_socket_prepare(const char *path);
 /* Applies socket_mode and socket_group to a socket file. */
 void gd_socket_permissions(const gd_daemon_t *d, const char *path);
 
+/* status.c: the messages for devices and pools. gd_status_devices fills storage (d->ndevices
+ * entries) and returns the list (free it); gd_status_pools returns every pool, *n the count
+ * (free with gd_status_pools_free). */
+struct Graphd__V1__Device;
+struct Graphd__V1__Device **gd_status_devices(gd_daemon_t *d, struct Graphd__V1__Device *storage);
+void gd_status_pool(struct Graphd__V1__Pool *m, const pm_pool_t *p);
+struct Graphd__V1__Pool **gd_status_pools(gd_daemon_t *d, size_t *n);
+void gd_status_pools_free(struct Graphd__V1__Pool **list, size_t n);
+void gd_rpc_status(void *ctx, gd_call_t *call, const ProtobufCMessage *req);
+
 /* handlers.c */
 extern const gd_method_t gd_methods[];
 extern const size_t gd_methods_count;
@@ -194,16 +204,12 @@ gd_session_t *gd_session_of(gd_daemon_t *d, gd_call_t *call,
 gd_session_t *gd_attached_session_of(gd_daemon_t *d, gd_call_t *call,
                                      const struct Graphd__V1__SessionRef *ref, const char *what);
 
-/* graphs.c handlers */
+/* RPC handlers in modules.c, capture.c, replay.c and lifetime.c */
 void gd_rpc_register_module(void *ctx, gd_call_t *call, const ProtobufCMessage *req);
 void gd_rpc_release_module(void *ctx, gd_call_t *call, const ProtobufCMessage *req);
 void gd_rpc_capture(void *ctx, gd_call_t *call, const ProtobufCMessage *req);
 void gd_rpc_replay(void *ctx, gd_call_t *call, const ProtobufCMessage *req);
 void gd_rpc_release_graph(void *ctx, gd_call_t *call, const ProtobufCMessage *req);
-/* Maps a pool_manager error to a gRPC status. */
-int gd_status_from_pm(int pm_err);
-/* Maps a graph_runtime error to a gRPC status. */
-int gd_status_from_gr(int gr_err);
 
 /* pm_region_tag of a device region AllocRegion made: the session's own buffer, which FreeRegion
  * may free (a device-resident graph's region, tag 0, goes only with its graph). */

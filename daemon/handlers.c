@@ -14,29 +14,6 @@
 #include <string.h>
 #include <unistd.h>
 
-int gd_status_from_pm(int err)
-{
-    switch (err) {
-    case PM_OK:
-        return GD_OK;
-    case PM_EINVAL:
-        return GD_INVALID_ARGUMENT;
-    case PM_ENOENT:
-        return GD_NOT_FOUND;
-    case PM_EEXIST:
-        return GD_ALREADY_EXISTS;
-    case PM_ELIMIT:
-    case PM_ENOMEM:
-        return GD_RESOURCE_EXHAUSTED;
-    case PM_EBUSY:
-        return GD_FAILED_PRECONDITION;
-    case PM_EPERM:
-        return GD_PERMISSION_DENIED;
-    default:
-        return GD_INTERNAL;
-    }
-}
-
 /* Finds the caller's session; on failure finishes the call and returns NULL. */
 gd_session_t *gd_session_of(gd_daemon_t *d, gd_call_t *call, const Graphd__V1__SessionRef *ref)
 {
@@ -67,82 +44,6 @@ gd_session_t *gd_attached_session_of(gd_daemon_t *d, gd_call_t *call,
         return NULL;
     }
     return s;
-}
-
-static void fill_device(Graphd__V1__Device *m, const gd_device_t *dev)
-{
-    graphd__v1__device__init(m);
-    m->id = (char *)dev->id;
-    m->kind = (char *)dev->kind;
-    m->ordinal = dev->ordinal;
-    m->name = (char *)dev->name;
-    m->memory_total = dev->memory_total;
-    m->memory_free = dev->memory_free;
-    m->compute_capability = (char *)dev->compute_capability;
-    m->mps = dev->mps;
-}
-
-/* Device list for a reply; the arrays point into d and are freed with free_devices. */
-static Graphd__V1__Device **make_devices(gd_daemon_t *d, Graphd__V1__Device *storage)
-{
-    Graphd__V1__Device **list = calloc(d->ndevices ? d->ndevices : 1, sizeof *list);
-    if (list == NULL)
-        return NULL;
-    gd_devices_refresh(d);
-    for (size_t i = 0; i < d->ndevices; i++) {
-        fill_device(&storage[i], &d->devices[i]);
-        list[i] = &storage[i];
-    }
-    return list;
-}
-
-static void fill_pool(Graphd__V1__Pool *m, const pm_pool_t *p)
-{
-    pm_pool_info_t info;
-    pm_pool_info(p, &info);
-    graphd__v1__pool__init(m);
-    m->name = (char *)info.name;
-    m->device = (char *)info.device;
-    m->limit_bytes = info.limit_bytes;
-    m->reserved_bytes = info.reserved_bytes;
-    m->used_bytes = info.used_bytes;
-    m->regions = info.regions;
-    m->sessions = info.sessions;
-    m->created_unix_ms = info.created_unix_ms;
-}
-
-/* Pool list for a reply; *n gets the count. Free the result with free_pools. */
-static Graphd__V1__Pool **make_pools(gd_daemon_t *d, size_t *n)
-{
-    size_t count = 0;
-    pm_pool_list(d->pools, &count, NULL);
-    pm_pool_t **pools = calloc(count + 1, sizeof *pools);
-    Graphd__V1__Pool **list = calloc(count + 1, sizeof *list);
-    Graphd__V1__Pool *storage = calloc(count + 1, sizeof *storage);
-    if (pools == NULL || list == NULL || storage == NULL) {
-        free(pools);
-        free(list);
-        free(storage);
-        *n = 0;
-        return NULL;
-    }
-    pm_pool_list(d->pools, &count, pools);
-    for (size_t i = 0; i < count; i++) {
-        fill_pool(&storage[i], pools[i]);
-        list[i] = &storage[i];
-    }
-    list[count] = storage; /* past the end: only free_pools looks there */
-    free(pools);
-    *n = count;
-    return list;
-}
-
-static void free_pools(Graphd__V1__Pool **list, size_t n)
-{
-    if (list) {
-        free(list[n]);
-        free(list);
-    }
 }
 
 static void hello(void *ctx, gd_call_t *call, const ProtobufCMessage *msg)
@@ -178,7 +79,7 @@ static void hello(void *ctx, gd_call_t *call, const ProtobufCMessage *msg)
     rep.daemon_version = GRAPHD_VERSION;
     rep.session_socket = d->cfg.session_socket;
     rep.protocol_version = GD_PROTOCOL_VERSION;
-    rep.devices = make_devices(d, storage);
+    rep.devices = gd_status_devices(d, storage);
     rep.n_devices = rep.devices ? d->ndevices : 0;
     gd_call_reply(call, &rep.base);
     free(rep.devices);
@@ -202,7 +103,7 @@ static void list_devices(void *ctx, gd_call_t *call, const ProtobufCMessage *msg
     (void)msg;
     Graphd__V1__Device storage[GD_MAX_DEVICES];
     Graphd__V1__ListDevicesReply rep = GRAPHD__V1__LIST_DEVICES_REPLY__INIT;
-    rep.devices = make_devices(d, storage);
+    rep.devices = gd_status_devices(d, storage);
     rep.n_devices = rep.devices ? d->ndevices : 0;
     gd_call_reply(call, &rep.base);
     free(rep.devices);
@@ -228,13 +129,13 @@ static void create_pool(void *ctx, gd_call_t *call, const ProtobufCMessage *msg)
         else if (rc == PM_EEXIST)
             gd_call_fail(call, GD_ALREADY_EXISTS, "pool '%s' already exists", req->name);
         else
-            gd_call_fail(call, gd_status_from_pm(rc), "cannot create pool: %s", pm_strerror(rc));
+            gd_call_fail(call, pm_err_grpc(rc), "cannot create pool: %s", pm_strerror(rc));
         return;
     }
     gd_info("pool %s created on %s (limit %llu bytes)", req->name, dev->id,
             (unsigned long long)limit);
     Graphd__V1__Pool pool;
-    fill_pool(&pool, p);
+    gd_status_pool(&pool, p);
     Graphd__V1__CreatePoolReply rep = GRAPHD__V1__CREATE_POOL_REPLY__INIT;
     rep.pool = &pool;
     gd_call_reply(call, &rep.base);
@@ -260,7 +161,7 @@ static void delete_pool(void *ctx, gd_call_t *call, const ProtobufCMessage *msg)
         return;
     }
     if (rc != PM_OK) {
-        gd_call_fail(call, gd_status_from_pm(rc), "cannot delete pool: %s", pm_strerror(rc));
+        gd_call_fail(call, pm_err_grpc(rc), "cannot delete pool: %s", pm_strerror(rc));
         return;
     }
     gd_graphs_pool_deleted(d, req->name);
@@ -274,11 +175,11 @@ static void list_pools(void *ctx, gd_call_t *call, const ProtobufCMessage *msg)
     gd_daemon_t *d = ctx;
     (void)msg;
     Graphd__V1__ListPoolsReply rep = GRAPHD__V1__LIST_POOLS_REPLY__INIT;
-    rep.pools = make_pools(d, &rep.n_pools);
+    rep.pools = gd_status_pools(d, &rep.n_pools);
     for (size_t i = 0; i < rep.n_pools; i++)
         gd_graphs_pool_fill(d, rep.pools[i]);
     gd_call_reply(call, &rep.base);
-    free_pools(rep.pools, rep.n_pools);
+    gd_status_pools_free(rep.pools, rep.n_pools);
 }
 
 /* Fails an AllocRegion whose pool refused rc for size bytes. */
@@ -295,7 +196,7 @@ static void alloc_fail(gd_call_t *call, pm_pool_t *p, int rc, uint64_t size)
         gd_call_fail(call, GD_RESOURCE_EXHAUSTED, "cannot allocate %llu bytes of shared memory",
                      (unsigned long long)size);
     else
-        gd_call_fail(call, gd_status_from_pm(rc), "cannot allocate region: %s", pm_strerror(rc));
+        gd_call_fail(call, pm_err_grpc(rc), "cannot allocate region: %s", pm_strerror(rc));
 }
 
 static void alloc_reply(gd_call_t *call, const pm_region_t *r)
@@ -353,8 +254,8 @@ static void devregion_alloc_done(gd_job_t *job)
     devregion_op_t *op = (devregion_op_t *)job;
     gd_daemon_t *d = op->d;
     if (op->rc != GR_OK) {
-        gd_call_fail(op->call, gd_status_from_gr(op->rc), "device memory on %s: %s",
-                     op->worker->device, op->msg);
+        gd_call_fail(op->call, gr_err_grpc(op->rc), "device memory on %s: %s", op->worker->device,
+                     op->msg);
         free(op);
         return;
     }
@@ -486,76 +387,11 @@ static void free_region(void *ctx, gd_call_t *call, const ProtobufCMessage *msg)
         return;
     }
     if (rc != PM_OK) {
-        gd_call_fail(call, gd_status_from_pm(rc), "cannot free region: %s", pm_strerror(rc));
+        gd_call_fail(call, pm_err_grpc(rc), "cannot free region: %s", pm_strerror(rc));
         return;
     }
     Graphd__V1__FreeRegionReply rep = GRAPHD__V1__FREE_REGION_REPLY__INIT;
     gd_call_reply(call, &rep.base);
-}
-
-static void status(void *ctx, gd_call_t *call, const ProtobufCMessage *msg)
-{
-    gd_daemon_t *d = ctx;
-    (void)msg;
-    Graphd__V1__StatusReply rep = GRAPHD__V1__STATUS_REPLY__INIT;
-    Graphd__V1__DaemonStatus ds = GRAPHD__V1__DAEMON_STATUS__INIT;
-    ds.version = GRAPHD_VERSION;
-    ds.pid = (int32_t)getpid();
-    ds.uptime_ms = gd_now_mono_ms() - d->started_mono_ms;
-    ds.started_unix_ms = d->started_unix_ms;
-    ds.sessions = d->nsessions;
-    ds.calls_total = gd_rpc_calls_total(d->rpc);
-    ds.calls_failed = gd_rpc_calls_failed(d->rpc);
-    ds.config_reloads = d->reloads;
-
-    Graphd__V1__ConfigEntry cfg_storage[64];
-    Graphd__V1__ConfigEntry *cfg_list[64];
-    char values[64][256];
-    for (size_t i = 0; i < gd_settings_count && i < 64; i++) {
-        graphd__v1__config_entry__init(&cfg_storage[i]);
-        cfg_storage[i].name = (char *)gd_settings[i].name;
-        gd_config_format(&d->cfg, &gd_settings[i], values[i], sizeof values[i]);
-        cfg_storage[i].value = values[i];
-        cfg_storage[i].reloadable = gd_settings[i].reloadable;
-        cfg_list[i] = &cfg_storage[i];
-    }
-    ds.config = cfg_list;
-    ds.n_config = gd_settings_count < 64 ? gd_settings_count : 64;
-    rep.daemon = &ds;
-
-    Graphd__V1__Device dev_storage[GD_MAX_DEVICES];
-    rep.devices = make_devices(d, dev_storage);
-    rep.n_devices = rep.devices ? d->ndevices : 0;
-    rep.pools = make_pools(d, &rep.n_pools);
-
-    size_t ns = d->nsessions, i = 0;
-    Graphd__V1__SessionStatus *ss = calloc(ns + 1, sizeof *ss);
-    Graphd__V1__SessionStatus **sl = calloc(ns + 1, sizeof *sl);
-    if (ss && sl) {
-        for (gd_session_t *s = d->sessions; s && i < ns; s = s->next, i++) {
-            pm_usage_t u;
-            pm_owner_usage(d->pools, s->id, &u);
-            graphd__v1__session_status__init(&ss[i]);
-            ss[i].id = s->id;
-            ss[i].uid = s->attached ? (uint32_t)s->uid : 0;
-            ss[i].pid = (int32_t)s->pid;
-            ss[i].name = s->name;
-            ss[i].regions = u.regions;
-            ss[i].bytes = u.bytes;
-            ss[i].connected_since_unix_ms = s->created_unix_ms;
-            ss[i].attached = s->attached;
-            sl[i] = &ss[i];
-        }
-        rep.sessions = sl;
-        rep.n_sessions = i;
-    }
-    gd_graphs_status(d, &rep);
-    gd_call_reply(call, &rep.base);
-    gd_graphs_status_free(&rep);
-    free(ss);
-    free(sl);
-    free_pools(rep.pools, rep.n_pools);
-    free(rep.devices);
 }
 
 #define METHOD(name, req, fn)                                                                      \
@@ -571,7 +407,7 @@ const gd_method_t gd_methods[] = {
     METHOD("ListPools", list_pools_request, list_pools),
     METHOD("AllocRegion", alloc_region_request, alloc_region),
     METHOD("FreeRegion", free_region_request, free_region),
-    METHOD("Status", status_request, status),
+    METHOD("Status", status_request, gd_rpc_status),
     METHOD("RegisterModule", register_module_request, gd_rpc_register_module),
     METHOD("ReleaseModule", release_module_request, gd_rpc_release_module),
     METHOD("Capture", capture_request, gd_rpc_capture),

@@ -19,7 +19,7 @@ static _Thread_local char last_error[GR__MSG_MAX];
 const char *gr_strerror(int err)
 {
     switch (err) {
-#define GR_ERR_STR(name, value, msg)                                                               \
+#define GR_ERR_STR(name, value, msg, grpc)                                                         \
     case GR_##name:                                                                                \
         return msg;
         GR_ERR_MAP(GR_ERR_STR)
@@ -31,13 +31,25 @@ const char *gr_strerror(int err)
 const char *gr_err_name(int err)
 {
     switch (err) {
-#define GR_ERR_NAME(name, value, msg)                                                              \
+#define GR_ERR_NAME(name, value, msg, grpc)                                                        \
     case GR_##name:                                                                                \
         return "GR_" #name;
         GR_ERR_MAP(GR_ERR_NAME)
 #undef GR_ERR_NAME
     }
     return "GR_UNKNOWN";
+}
+
+int gr_err_grpc(int err)
+{
+    switch (err) {
+#define GR_ERR_GRPC(name, value, msg, grpc)                                                        \
+    case GR_##name:                                                                                \
+        return grpc;
+        GR_ERR_MAP(GR_ERR_GRPC)
+#undef GR_ERR_GRPC
+    }
+    return 13; /* INTERNAL */
 }
 
 const char *gr_last_error(void)

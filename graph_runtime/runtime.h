@@ -24,21 +24,20 @@
 extern "C" {
 #endif
 
-/* Errors. The daemon maps them to gRPC: EINVAL INVALID_ARGUMENT, ENOTFOUND NOT_FOUND, EPRECOND
- * and EBUSY FAILED_PRECONDITION, EINTERNAL INTERNAL, ENOMEM RESOURCE_EXHAUSTED, EUNSUPPORTED
- * UNIMPLEMENTED. */
+/* Errors: name, value, message, and the gRPC status code the daemon answers them with (the
+ * numbers of grpc_status_code; graph_runtime itself does not depend on gRPC). */
 #define GR_ERR_MAP(X)                                                                              \
-    X(OK, 0, "success")                                                                            \
-    X(EINVAL, -1, "invalid argument")                                                              \
-    X(ENOTFOUND, -2, "not found")                                                                  \
-    X(EPRECOND, -3, "failed precondition")                                                         \
-    X(EINTERNAL, -4, "internal error")                                                             \
-    X(ENOMEM, -5, "out of memory")                                                                 \
-    X(EUNSUPPORTED, -6, "not supported")                                                           \
-    X(EBUSY, -7, "still in use")
+    X(OK, 0, "success", 0)                                                                         \
+    X(EINVAL, -1, "invalid argument", 3)                                                           \
+    X(ENOTFOUND, -2, "not found", 5)                                                               \
+    X(EPRECOND, -3, "failed precondition", 9)                                                      \
+    X(EINTERNAL, -4, "internal error", 13)                                                         \
+    X(ENOMEM, -5, "out of memory", 8)                                                              \
+    X(EUNSUPPORTED, -6, "not supported", 12)                                                       \
+    X(EBUSY, -7, "still in use", 9)
 
 typedef enum {
-#define GR_ERR_ENUM(name, value, msg) GR_##name = value,
+#define GR_ERR_ENUM(name, value, msg, grpc) GR_##name = value,
     GR_ERR_MAP(GR_ERR_ENUM)
 #undef GR_ERR_ENUM
 } gr_err_t;
@@ -47,6 +46,8 @@ typedef enum {
 const char *gr_strerror(int err);
 /* "GR_EINVAL" etc.; "GR_UNKNOWN" for codes outside the map. */
 const char *gr_err_name(int err);
+/* The gRPC status code for an error (the table's last column; INTERNAL outside the map). */
+int gr_err_grpc(int err);
 /* The message of the last failing gr_ call on this thread ("" if none); successful calls leave it
  * alone. Valid until the next gr_ call on this thread. */
 const char *gr_last_error(void);

@@ -90,7 +90,7 @@ struct pm_manager {
 const char *pm_strerror(int err)
 {
     switch (err) {
-#define PM_ERR_STR(name, value, msg)                                                               \
+#define PM_ERR_STR(name, value, msg, grpc)                                                         \
     case value:                                                                                    \
         return msg;
         PM_ERR_MAP(PM_ERR_STR)
@@ -102,13 +102,25 @@ const char *pm_strerror(int err)
 const char *pm_err_name(int err)
 {
     switch (err) {
-#define PM_ERR_NAME(name, value, msg)                                                              \
+#define PM_ERR_NAME(name, value, msg, grpc)                                                        \
     case value:                                                                                    \
         return #name;
         PM_ERR_MAP(PM_ERR_NAME)
 #undef PM_ERR_NAME
     }
     return "UNKNOWN";
+}
+
+int pm_err_grpc(int err)
+{
+    switch (err) {
+#define PM_ERR_GRPC(name, value, msg, grpc)                                                        \
+    case value:                                                                                    \
+        return grpc;
+        PM_ERR_MAP(PM_ERR_GRPC)
+#undef PM_ERR_GRPC
+    }
+    return 13; /* INTERNAL */
 }
 
 /* ---- region hash ---- */

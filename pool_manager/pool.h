@@ -16,24 +16,28 @@
 #define PM_NAME_MAX 63
 #define PM_IPC_HANDLE_SIZE 64 /* bytes of a device region's IPC handle */
 
+/* Errors: name, value, message, and the gRPC status code the daemon answers them with (the
+ * numbers of grpc_status_code). */
 #define PM_ERR_MAP(X)                                                                              \
-    X(OK, 0, "success")                                                                            \
-    X(EINVAL, -1, "invalid argument")                                                              \
-    X(ENOENT, -2, "no such pool or region")                                                        \
-    X(EEXIST, -3, "pool already exists")                                                           \
-    X(ELIMIT, -4, "pool byte limit exceeded")                                                      \
-    X(EBUSY, -5, "pool still holds regions")                                                       \
-    X(ENOMEM, -6, "out of memory")                                                                 \
-    X(ESYS, -7, "system call failed")                                                              \
-    X(EPERM, -8, "region belongs to another session")
+    X(OK, 0, "success", 0)                                                                         \
+    X(EINVAL, -1, "invalid argument", 3)                                                           \
+    X(ENOENT, -2, "no such pool or region", 5)                                                     \
+    X(EEXIST, -3, "pool already exists", 6)                                                        \
+    X(ELIMIT, -4, "pool byte limit exceeded", 8)                                                   \
+    X(EBUSY, -5, "pool still holds regions", 9)                                                    \
+    X(ENOMEM, -6, "out of memory", 8)                                                              \
+    X(ESYS, -7, "system call failed", 13)                                                          \
+    X(EPERM, -8, "region belongs to another session", 7)
 
 typedef enum {
-#define PM_ERR_ENUM(name, value, msg) PM_##name = value,
+#define PM_ERR_ENUM(name, value, msg, grpc) PM_##name = value,
     PM_ERR_MAP(PM_ERR_ENUM)
 #undef PM_ERR_ENUM
 } pm_err_t;
 
 const char *pm_strerror(int err);
+/* The gRPC status code for an error (the table's last column; INTERNAL outside the map). */
+int pm_err_grpc(int err);
 const char *pm_err_name(int err);
 
 typedef struct pm_manager pm_manager_t;

@@ -108,15 +108,15 @@ static void unattached_sessions_expire(void **state)
 static void error_mapping(void **state)
 {
     (void)state;
-    assert_int_equal(gd_status_from_pm(PM_OK), GD_OK);
-    assert_int_equal(gd_status_from_pm(PM_EINVAL), GD_INVALID_ARGUMENT);
-    assert_int_equal(gd_status_from_pm(PM_ENOENT), GD_NOT_FOUND);
-    assert_int_equal(gd_status_from_pm(PM_EEXIST), GD_ALREADY_EXISTS);
-    assert_int_equal(gd_status_from_pm(PM_ELIMIT), GD_RESOURCE_EXHAUSTED);
-    assert_int_equal(gd_status_from_pm(PM_EBUSY), GD_FAILED_PRECONDITION);
-    assert_int_equal(gd_status_from_pm(PM_EPERM), GD_PERMISSION_DENIED);
-    assert_int_equal(gd_status_from_pm(PM_ESYS), GD_INTERNAL);
-    assert_int_equal(gd_status_from_pm(-12345), GD_INTERNAL);
+    assert_int_equal(pm_err_grpc(PM_OK), GD_OK);
+    assert_int_equal(pm_err_grpc(PM_EINVAL), GD_INVALID_ARGUMENT);
+    assert_int_equal(pm_err_grpc(PM_ENOENT), GD_NOT_FOUND);
+    assert_int_equal(pm_err_grpc(PM_EEXIST), GD_ALREADY_EXISTS);
+    assert_int_equal(pm_err_grpc(PM_ELIMIT), GD_RESOURCE_EXHAUSTED);
+    assert_int_equal(pm_err_grpc(PM_EBUSY), GD_FAILED_PRECONDITION);
+    assert_int_equal(pm_err_grpc(PM_EPERM), GD_PERMISSION_DENIED);
+    assert_int_equal(pm_err_grpc(PM_ESYS), GD_INTERNAL);
+    assert_int_equal(pm_err_grpc(-12345), GD_INTERNAL);
     assert_string_equal(gd_status_name(GD_NOT_FOUND), "NOT_FOUND");
     assert_string_equal(gd_status_name(GD_UNAUTHENTICATED), "UNAUTHENTICATED");
     assert_string_equal(gd_status_name(99), "UNKNOWN");

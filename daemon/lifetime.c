@@ -1,0 +1,467 @@
+/*
+ * Graph lifetime: the daemon's side of graph_runtime, its start and stop, graph pools and
+ * the graphs themselves (modules.c, capture.c and replay.c make and run them).
+ *
+ * The loop thread owns the tables (modules, graphs, runtime pools) and every
+ * region. Device work runs on the device's worker: captures in two steps
+ * (prepare on the worker; allocate the static regions on the loop, where the
+ * pool limits live; finish on the worker), replays one job each. A replay
+ * that came in on the session socket is answered by the worker itself through
+ * the connection's wire; one that came through gRPC goes back to the loop.
+ *
+ * A graph maps its region a second time, privately: when its session ends the
+ * region leaves the pool at once (status shows it gone), while the graph's own
+ * mapping stays valid until the worker, after any replay still queued, has
+ * destroyed the graph.
+ *
+ * Device-resident captures (CaptureRequest.device_resident) put the static
+ * tensors in device memory instead: the worker allocates one block per
+ * callable right after prepare (gr_device_alloc, exported with CUDA IPC), the
+ * loop registers the blocks as device regions of the pool (limits apply as
+ * for host regions), and the worker finishes over them. A device region that
+ * is freed goes to the pool manager's device-free hook, which queues a
+ * gr_device_free job on the device's worker: it runs after every replay (and
+ * the graph's destroy) already queued there, so no graph ever runs on freed
+ * memory.
+ */
+#include "graphs.h"
+#include "graphd.pb-c.h"
+#include "log.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+gd_worker_t *gd_worker_for(gd_daemon_t *d, const char *device)
+{
+    for (size_t i = 0; i < d->nworkers; i++)
+        if (strcmp(d->workers[i].device, device) == 0)
+            return &d->workers[i];
+    return NULL;
+}
+
+/* ---- device memory ----------------------------------------------------- */
+
+/* Frees one device block on its device's worker, after whatever is queued there. */
+typedef struct {
+    gd_job_t job;
+    char device[GR_DEVICE_MAX];
+    void *ptr;
+} devfree_job_t;
+
+static void devfree_run(gd_job_t *job)
+{
+    devfree_job_t *j = (devfree_job_t *)job;
+    if (gr_device_free(j->device, j->ptr) != GR_OK)
+        gd_warn("freeing device memory on %s: %s", j->device, gr_last_error());
+    free(j);
+}
+
+/* The pool manager's device-free hook (loop thread): a device region was freed. */
+static void device_free_hook(void *ctx, const char *device, void *ptr, uint64_t size)
+{
+    gd_daemon_t *d = ctx;
+    gd_worker_t *w = gd_worker_for(d, device);
+    if (w == NULL) { /* the workers have stopped: nothing can use the memory any more */
+        if (gr_device_free(device, ptr) != GR_OK)
+            gd_warn("freeing device memory on %s: %s", device, gr_last_error());
+        return;
+    }
+    devfree_job_t *j = calloc(1, sizeof *j);
+    if (j == NULL) {
+        gd_error("out of memory freeing %llu bytes on %s; they stay allocated",
+                 (unsigned long long)size, device);
+        return;
+    }
+    j->job.run = devfree_run;
+    j->job.done = NULL;
+    snprintf(j->device, sizeof j->device, "%s", device);
+    j->ptr = ptr;
+    gd_worker_submit(w, &j->job);
+}
+
+/* ---- start and stop ---------------------------------------------------- */
+
+int gd_graphs_start(gd_daemon_t *d)
+{
+    pm_manager_set_device_free(d->pools, device_free_hook, d);
+    if (gr_runtime_init((int)d->cfg.intra_op_threads) != GR_OK ||
+        gr_cpu_devices((int)d->cfg.cpu_devices) != GR_OK ||
+        gr_module_max_unpacked(d->cfg.max_module_unpacked_bytes) != GR_OK) {
+        gd_error("graph runtime: %s", gr_last_error());
+        return -1;
+    }
+    gd_info("graph runtime: libtorch %s", gr_runtime_torch_version());
+    for (size_t i = 0; i < d->ndevices; i++) {
+        if (gd_worker_start(&d->workers[i], d->loop, d->devices[i].id, d->cfg.worker_spin_us) != 0)
+            return -1;
+        d->nworkers++;
+    }
+    bool can_spin = d->nworkers > 0 && d->workers[0].can_spin;
+    if (!can_spin && (d->cfg.worker_spin_us > 0 || d->cfg.replay_spin_us > 0))
+        gd_info("worker_spin_us and replay_spin_us ignored: fewer than 4 CPUs, idle threads "
+                "sleep at once");
+    d->replay_spin_ns = can_spin ? d->cfg.replay_spin_us * 1000u : 0;
+    uv_idle_init(d->loop, &d->replay_spin);
+    d->replay_spin.data = d;
+    return 0;
+}
+
+static void rpools_destroy(gd_gpool_t *p);
+
+void gd_module_unref(gd_daemon_t *d, gd_module_t *m)
+{
+    if (--m->refs > 0)
+        return;
+    gd_module_t **pp = &d->modules;
+    while (*pp && *pp != m)
+        pp = &(*pp)->next;
+    if (*pp)
+        *pp = m->next;
+    gr_module_release(m->m);
+    free(m);
+}
+
+void gd_graphs_stop(gd_daemon_t *d)
+{
+    if (uv_is_active((uv_handle_t *)&d->replay_spin))
+        uv_idle_stop(&d->replay_spin);
+    for (size_t i = 0; i < d->nworkers; i++)
+        gd_worker_stop(&d->workers[i]);
+    d->nworkers = 0;
+    while (d->gpools) {
+        gd_gpool_t *p = d->gpools;
+        d->gpools = p->next;
+        rpools_destroy(p);
+        free(p);
+    }
+    while (d->modules) {
+        gd_module_t *m = d->modules;
+        d->modules = m->next;
+        gr_module_release(m->m);
+        free(m);
+    }
+}
+
+/* Destroys every runtime pool of p (its graphs are gone); on p's worker, or after it stopped. */
+static void rpools_destroy(gd_gpool_t *p)
+{
+    while (p->rpools) {
+        gd_rpool_t *r = p->rpools;
+        p->rpools = r->next;
+        if (gr_pool_destroy(r->gp) != GR_OK)
+            gd_warn("pool %s: %s", p->name, gr_last_error());
+        free(r);
+    }
+}
+
+/* The session's runtime pool in p, created on first use; on p's worker. GR_OK, or an error with
+ * its message in msg. */
+int gd_rpool_get(gd_gpool_t *p, uint64_t session, gd_rpool_t **out, char *msg, size_t len)
+{
+    for (gd_rpool_t *r = p->rpools; r; r = r->next)
+        if (r->session == session) {
+            *out = r;
+            return GR_OK;
+        }
+    gd_rpool_t *r = calloc(1, sizeof *r);
+    if (r == NULL) {
+        snprintf(msg, len, "out of memory");
+        return GR_ENOMEM;
+    }
+    int rc = gr_pool_create(p->worker->device, &r->gp);
+    if (rc != GR_OK) {
+        snprintf(msg, len, "%s", gr_last_error());
+        free(r);
+        return rc;
+    }
+    r->session = session;
+    r->next = p->rpools;
+    p->rpools = r;
+    *out = r;
+    return GR_OK;
+}
+
+/* A graph of r was destroyed; the last one takes the session's graph mempool with it, unless a
+ * capture of the session holds the runtime pool (gr_pool_destroy refuses: GR_EBUSY), in which
+ * case it stays for that capture's graphs. On the worker. */
+static void rpool_graph_gone(gd_gpool_t *p, gd_rpool_t *r)
+{
+    if (r == NULL || --r->graphs > 0 || gr_pool_destroy(r->gp) != GR_OK)
+        return;
+    gd_rpool_t **pp = &p->rpools;
+    while (*pp && *pp != r)
+        pp = &(*pp)->next;
+    if (*pp)
+        *pp = r->next;
+    free(r);
+}
+
+gd_gpool_t *gd_gpool_get(gd_daemon_t *d, const char *name, gd_worker_t *w)
+{
+    for (gd_gpool_t *p = d->gpools; p; p = p->next)
+        if (strcmp(p->name, name) == 0 && !p->deleted)
+            return p;
+    gd_gpool_t *p = calloc(1, sizeof *p);
+    if (p == NULL)
+        return NULL;
+    snprintf(p->name, sizeof p->name, "%s", name);
+    p->worker = w;
+    p->next = d->gpools;
+    d->gpools = p;
+    return p;
+}
+
+gd_gpool_t *gd_gpool_find(gd_daemon_t *d, const char *name)
+{
+    for (gd_gpool_t *p = d->gpools; p; p = p->next)
+        if (strcmp(p->name, name) == 0 && !p->deleted)
+            return p;
+    return NULL;
+}
+
+/* Frees a deleted pool's runtime state once no graph uses it; on its worker, since a device
+ * family may need its context to free graph memory. */
+typedef struct {
+    gd_job_t job;
+    gd_daemon_t *d;
+    gd_gpool_t *pool;
+} gpool_job_t;
+
+static void gpool_destroy_run(gd_job_t *job)
+{
+    gpool_job_t *j = (gpool_job_t *)job;
+    rpools_destroy(j->pool);
+}
+
+static void gpool_destroy_done(gd_job_t *job)
+{
+    gpool_job_t *j = (gpool_job_t *)job;
+    gd_gpool_t **pp = &j->d->gpools;
+    while (*pp && *pp != j->pool)
+        pp = &(*pp)->next;
+    if (*pp)
+        *pp = j->pool->next;
+    free(j->pool);
+    free(j);
+}
+
+static void gpool_maybe_free(gd_daemon_t *d, gd_gpool_t *p)
+{
+    if (!p->deleted || p->graphs > 0)
+        return;
+    gpool_job_t *j = calloc(1, sizeof *j);
+    if (j == NULL)
+        return; /* freed at exit instead */
+    j->job.run = gpool_destroy_run;
+    j->job.done = gpool_destroy_done;
+    j->d = d;
+    j->pool = p;
+    gd_worker_submit(p->worker, &j->job);
+}
+
+void gd_graphs_pool_deleted(gd_daemon_t *d, const char *pool)
+{
+    gd_gpool_t *p = gd_gpool_find(d, pool);
+    if (p) {
+        p->deleted = true;
+        gpool_maybe_free(d, p);
+    }
+}
+
+/* ---- graph lifetime ---------------------------------------------------- */
+
+typedef struct {
+    gd_job_t job;
+    gd_daemon_t *d;
+    gd_graph_t *graph;
+} graph_job_t;
+
+static void graph_destroy_run(gd_job_t *job)
+{
+    graph_job_t *j = (graph_job_t *)job;
+    if (j->graph->g)
+        gr_graph_destroy(j->graph->g);
+    j->graph->g = NULL;
+    rpool_graph_gone(j->graph->pool, j->graph->rpool);
+    gd_gpool_measure(j->graph->pool);
+}
+
+static void graph_destroy_done(gd_job_t *job)
+{
+    graph_job_t *j = (graph_job_t *)job;
+    gd_graph_t *g = j->graph;
+    if (g->base)
+        munmap(g->base, g->map_len);
+    g->pool->graphs--;
+    gpool_maybe_free(j->d, g->pool);
+    free(g);
+    free(j);
+}
+
+/* The borrowed region of the mempool segment e lies in, for g's session: g takes a reference
+ * (one per segment, however many of its tensors lie there). 0 and *region_id, or a PM_ error. */
+int gd_graph_borrow(gd_graph_t *g, pm_pool_t *pool, const gr_external_t *e, uint64_t *region_id)
+{
+    gd_borrow_t *b = g->pool->borrows;
+    while (b && !(b->session == g->session && b->base == e->base))
+        b = b->next;
+    for (size_t k = 0; b && k < g->nborrows; k++)
+        if (g->borrows[k] == b) {
+            *region_id = b->region_id;
+            return PM_OK;
+        }
+    gd_borrow_t **grown = realloc(g->borrows, (g->nborrows + 1) * sizeof *grown);
+    if (grown == NULL)
+        return PM_ENOMEM;
+    g->borrows = grown;
+    if (b == NULL) {
+        b = calloc(1, sizeof *b);
+        if (b == NULL)
+            return PM_ENOMEM;
+        pm_region_t *r = NULL;
+        int rc = pm_region_borrow_device(pool, g->session, e->size, e->base, e->handle, &r);
+        if (rc != PM_OK) {
+            free(b);
+            return rc;
+        }
+        b->session = g->session;
+        b->base = e->base;
+        b->region_id = pm_region_id(r);
+        b->next = g->pool->borrows;
+        g->pool->borrows = b;
+    }
+    b->refs++;
+    g->borrows[g->nborrows++] = b;
+    *region_id = b->region_id;
+    return PM_OK;
+}
+
+/* Drops g's references to borrowed regions; a region no graph uses any more goes (unless the
+ * session's end reclaims it: free_region false). */
+static void graph_unborrow(gd_daemon_t *d, gd_graph_t *g, bool free_region)
+{
+    for (size_t k = 0; k < g->nborrows; k++) {
+        gd_borrow_t *b = g->borrows[k];
+        if (--b->refs > 0)
+            continue;
+        if (free_region)
+            pm_region_free(d->pools, b->region_id, b->session);
+        gd_borrow_t **pp = &g->pool->borrows;
+        while (*pp && *pp != b)
+            pp = &(*pp)->next;
+        if (*pp)
+            *pp = b->next;
+        free(b);
+    }
+    free(g->borrows);
+    g->borrows = NULL;
+    g->nborrows = 0;
+}
+
+/* Unlinks a graph and destroys it on its worker, after whatever it still has queued. The region
+ * is the caller's business: freed here when free_region, else reclaimed with the session. */
+void gd_graph_release(gd_daemon_t *d, gd_graph_t *g, bool free_region)
+{
+    /* The borrowed regions only describe mempool memory: they go at once (the client has closed
+     * its mappings), and the memory with the graph on the worker. */
+    graph_unborrow(d, g, free_region);
+    gd_graph_t **pp = &d->graphs;
+    while (*pp && *pp != g)
+        pp = &(*pp)->next;
+    if (*pp)
+        *pp = g->next;
+    gd_session_t *s = gd_session_find(d, g->session);
+    if (s)
+        s->graphs--;
+    uint64_t region_id = g->region_id, session = g->session;
+    graph_job_t *j = calloc(1, sizeof *j);
+    if (j == NULL) {
+        gd_error("out of memory releasing graph %llu; it stays allocated",
+                 (unsigned long long)g->id);
+    } else {
+        j->job.run = graph_destroy_run;
+        j->job.done = graph_destroy_done;
+        j->d = d;
+        j->graph = g;
+        gd_worker_submit(g->worker, &j->job);
+    }
+    /* After the destroy job: a device region's memory is freed behind it on the worker. */
+    if (free_region)
+        pm_region_free(d->pools, region_id, session);
+}
+
+gd_graph_t *gd_graph_find(gd_daemon_t *d, uint64_t id)
+{
+    for (gd_graph_t *g = d->graphs; g; g = g->next)
+        if (g->id == id)
+            return g;
+    return NULL;
+}
+
+void gd_graphs_session_ended(gd_daemon_t *d, gd_session_t *s)
+{
+    gd_graph_t *g = d->graphs;
+    while (g) {
+        gd_graph_t *next = g->next;
+        if (g->session == s->id)
+            gd_graph_release(d, g, false);
+        g = next;
+    }
+    gd_module_t *m = d->modules;
+    while (m) {
+        gd_module_t *next = m->next;
+        if (m->session == s->id && !m->released) {
+            m->released = true;
+            gd_module_unref(d, m);
+        }
+        m = next;
+    }
+}
+
+void gd_rpc_release_graph(void *ctx, gd_call_t *call, const ProtobufCMessage *msg)
+{
+    gd_daemon_t *d = ctx;
+    const Graphd__V1__ReleaseGraphRequest *req = (const void *)msg;
+    gd_session_t *s = gd_attached_session_of(d, call, req->session, "releasing graphs");
+    if (s == NULL)
+        return;
+    gd_graph_t *g = gd_graph_find(d, req->graph_id);
+    if (g == NULL) {
+        gd_call_fail(call, GD_NOT_FOUND, "no graph %llu", (unsigned long long)req->graph_id);
+        return;
+    }
+    if (g->session != s->id) {
+        gd_call_fail(call, GD_PERMISSION_DENIED, "graph %llu belongs to another session",
+                     (unsigned long long)req->graph_id);
+        return;
+    }
+    gd_graph_release(d, g, true);
+    Graphd__V1__ReleaseGraphReply rep = GRAPHD__V1__RELEASE_GRAPH_REPLY__INIT;
+    gd_call_reply(call, &rep.base);
+}
+
+/* ---- status ------------------------------------------------------------ */
+
+/* On the pool's worker, after a capture and after a graph destroy (the times the graph mempool
+ * grows or shrinks): measures it into the atomics that status reads. Status never asks the
+ * runtime itself: the allocator snapshot takes the allocator's locks and walks its segments
+ * (milliseconds on a busy device), and the loop thread must not wait on libtorch or a device;
+ * on the worker it also never runs beside a capture of that device. */
+void gd_gpool_measure(gd_gpool_t *p)
+{
+    uint64_t reserved = 0, in_use = 0;
+    for (gd_rpool_t *r = p->rpools; r; r = r->next) {
+        uint64_t res = 0, use = 0;
+        if (gr_pool_memory(r->gp, &res, &use) != GR_OK) {
+            gd_debug("pool %s: graph mempool size unknown: %s", p->name, gr_last_error());
+            continue;
+        }
+        reserved += res;
+        in_use += use;
+    }
+    atomic_store(&p->mempool_reserved, reserved);
+    atomic_store(&p->mempool_in_use, in_use);
+}

@@ -1,0 +1,285 @@
+/* The Status reply, one function per section. */
+#include "graphs.h"
+#include "graphd.pb-c.h"
+#include "log.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+/* The graph side of pool's message from gp (NULL: a pool with no graph state yet). */
+static void pool_fill(const gd_gpool_t *gp, Graphd__V1__Pool *pool)
+{
+    if (gp == NULL)
+        return;
+    pool->graphs = gp->graphs;
+    pool->replays = gd_hist_count(&gp->latency);
+    pool->graph_mempool_reserved_bytes = atomic_load(&gp->mempool_reserved);
+    pool->graph_mempool_in_use_bytes = atomic_load(&gp->mempool_in_use);
+}
+
+void gd_graphs_pool_fill(gd_daemon_t *d, Graphd__V1__Pool *pool)
+{
+    pool_fill(gd_gpool_find(d, pool->name), pool);
+}
+
+static void fill_latency(Graphd__V1__LatencyStatus *l, const gd_hist_t *h)
+{
+    graphd__v1__latency_status__init(l);
+    l->count = gd_hist_count(h);
+    l->p50_ns = gd_hist_quantile(h, 0.50);
+    l->p99_ns = gd_hist_quantile(h, 0.99);
+}
+
+typedef struct {
+    Graphd__V1__GraphStatus *gs;
+    Graphd__V1__GraphStatus **gl;
+    Graphd__V1__LatencyStatus *lat; /* one per graph, then one per pool */
+} status_storage_t;
+
+/* The graphs section, and the graph figures of the pools and sessions sections. */
+void gd_graphs_status(gd_daemon_t *d, Graphd__V1__StatusReply *rep)
+{
+    size_t ng = 0;
+    for (gd_graph_t *g = d->graphs; g; g = g->next)
+        ng++;
+    status_storage_t *st = calloc(1, sizeof *st);
+    if (st == NULL)
+        return;
+    st->gs = calloc(ng + 1, sizeof *st->gs);
+    st->gl = calloc(ng + 2, sizeof *st->gl);
+    st->lat = calloc(ng + rep->n_pools + 1, sizeof *st->lat);
+    if (!st->gs || !st->gl || !st->lat) {
+        free(st->gs);
+        free(st->gl);
+        free(st->lat);
+        free(st);
+        return;
+    }
+    size_t i = 0;
+    for (gd_graph_t *g = d->graphs; g; g = g->next, i++) {
+        Graphd__V1__GraphStatus *x = &st->gs[i];
+        graphd__v1__graph_status__init(x);
+        x->id = g->id;
+        x->session = g->session;
+        x->pool = g->pool->name;
+        x->device = g->worker->device;
+        x->module = g->module;
+        x->training = g->training;
+        x->replays_forward = atomic_load(&g->replays_forward);
+        x->replays_backward = atomic_load(&g->replays_backward);
+        x->replay_errors = atomic_load(&g->replay_errors);
+        x->region_bytes = g->region_bytes;
+        fill_latency(&st->lat[i], &g->latency);
+        x->latency = &st->lat[i];
+        st->gl[i] = x;
+    }
+    st->gl[ng + 1] = (void *)st; /* past the end: only gd_graphs_status_free looks there */
+    rep->graphs = st->gl;
+    rep->n_graphs = ng;
+    for (size_t p = 0; p < rep->n_pools; p++) {
+        Graphd__V1__Pool *pool = rep->pools[p];
+        gd_gpool_t *gp = gd_gpool_find(d, pool->name);
+        Graphd__V1__LatencyStatus *l = &st->lat[ng + p];
+        pool_fill(gp, pool);
+        if (gp)
+            fill_latency(l, &gp->latency);
+        else
+            graphd__v1__latency_status__init(l);
+        pool->latency = l;
+    }
+    for (size_t k = 0; k < rep->n_sessions; k++) {
+        gd_session_t *s = gd_session_find(d, rep->sessions[k]->id);
+        if (s) {
+            rep->sessions[k]->graphs = s->graphs;
+            rep->sessions[k]->modules = s->modules;
+            rep->sessions[k]->replays = s->replays;
+        }
+    }
+    rep->daemon->modules_loaded = (uint32_t)gr_module_loaded_count();
+}
+
+void gd_graphs_status_free(Graphd__V1__StatusReply *rep)
+{
+    if (rep->graphs == NULL)
+        return;
+    status_storage_t *st = (void *)rep->graphs[rep->n_graphs + 1];
+    free(st->gs);
+    free(st->gl);
+    free(st->lat);
+    free(st);
+}
+
+/* ---- devices and pools (also ListDevices, ListPools, CreatePool) --------- */
+
+static void fill_device(Graphd__V1__Device *m, const gd_device_t *dev)
+{
+    graphd__v1__device__init(m);
+    m->id = (char *)dev->id;
+    m->kind = (char *)dev->kind;
+    m->ordinal = dev->ordinal;
+    m->name = (char *)dev->name;
+    m->memory_total = dev->memory_total;
+    m->memory_free = dev->memory_free;
+    m->compute_capability = (char *)dev->compute_capability;
+    m->mps = dev->mps;
+}
+
+Graphd__V1__Device **gd_status_devices(gd_daemon_t *d, Graphd__V1__Device *storage)
+{
+    Graphd__V1__Device **list = calloc(d->ndevices ? d->ndevices : 1, sizeof *list);
+    if (list == NULL)
+        return NULL;
+    gd_devices_refresh(d);
+    for (size_t i = 0; i < d->ndevices; i++) {
+        fill_device(&storage[i], &d->devices[i]);
+        list[i] = &storage[i];
+    }
+    return list;
+}
+
+void gd_status_pool(Graphd__V1__Pool *m, const pm_pool_t *p)
+{
+    pm_pool_info_t info;
+    pm_pool_info(p, &info);
+    graphd__v1__pool__init(m);
+    m->name = (char *)info.name;
+    m->device = (char *)info.device;
+    m->limit_bytes = info.limit_bytes;
+    m->reserved_bytes = info.reserved_bytes;
+    m->used_bytes = info.used_bytes;
+    m->regions = info.regions;
+    m->sessions = info.sessions;
+    m->created_unix_ms = info.created_unix_ms;
+}
+
+/* Pool list for a reply; *n gets the count. Free the result with free_pools. */
+Graphd__V1__Pool **gd_status_pools(gd_daemon_t *d, size_t *n)
+{
+    size_t count = 0;
+    pm_pool_list(d->pools, &count, NULL);
+    pm_pool_t **pools = calloc(count + 1, sizeof *pools);
+    Graphd__V1__Pool **list = calloc(count + 1, sizeof *list);
+    Graphd__V1__Pool *storage = calloc(count + 1, sizeof *storage);
+    if (pools == NULL || list == NULL || storage == NULL) {
+        free(pools);
+        free(list);
+        free(storage);
+        *n = 0;
+        return NULL;
+    }
+    pm_pool_list(d->pools, &count, pools);
+    for (size_t i = 0; i < count; i++) {
+        gd_status_pool(&storage[i], pools[i]);
+        list[i] = &storage[i];
+    }
+    list[count] = storage; /* past the end: only free_pools looks there */
+    free(pools);
+    *n = count;
+    return list;
+}
+
+void gd_status_pools_free(Graphd__V1__Pool **list, size_t n)
+{
+    if (list) {
+        free(list[n]);
+        free(list);
+    }
+}
+
+/* ---- the Status RPC ---------------------------------------------------- */
+
+/* The daemon section: identity, counters and the live settings (values formatted into cfg). */
+typedef struct {
+    Graphd__V1__DaemonStatus ds;
+    Graphd__V1__ConfigEntry entries[64];
+    Graphd__V1__ConfigEntry *list[64];
+    char values[64][256];
+} daemon_section_t;
+
+static void status_daemon(gd_daemon_t *d, daemon_section_t *sec)
+{
+    Graphd__V1__DaemonStatus *ds = &sec->ds;
+    graphd__v1__daemon_status__init(ds);
+    ds->version = GRAPHD_VERSION;
+    ds->pid = (int32_t)getpid();
+    ds->uptime_ms = gd_now_mono_ms() - d->started_mono_ms;
+    ds->started_unix_ms = d->started_unix_ms;
+    ds->sessions = d->nsessions;
+    ds->calls_total = gd_rpc_calls_total(d->rpc);
+    ds->calls_failed = gd_rpc_calls_failed(d->rpc);
+    ds->config_reloads = d->reloads;
+    size_t n = gd_settings_count < 64 ? gd_settings_count : 64;
+    for (size_t i = 0; i < n; i++) {
+        graphd__v1__config_entry__init(&sec->entries[i]);
+        sec->entries[i].name = (char *)gd_settings[i].name;
+        gd_config_format(&d->cfg, &gd_settings[i], sec->values[i], sizeof sec->values[i]);
+        sec->entries[i].value = sec->values[i];
+        sec->entries[i].reloadable = gd_settings[i].reloadable;
+        sec->list[i] = &sec->entries[i];
+    }
+    ds->config = sec->list;
+    ds->n_config = n;
+}
+
+/* The sessions section, without graph figures (status_graphs adds them). The arrays are the
+ * caller's to free, also when the reply has no sessions. */
+static void status_sessions(gd_daemon_t *d, Graphd__V1__StatusReply *rep,
+                            Graphd__V1__SessionStatus **storage)
+{
+    size_t ns = d->nsessions, i = 0;
+    Graphd__V1__SessionStatus *ss = calloc(ns + 1, sizeof *ss);
+    Graphd__V1__SessionStatus **sl = calloc(ns + 1, sizeof *sl);
+    *storage = ss;
+    if (ss == NULL || sl == NULL) {
+        free(sl);
+        return;
+    }
+    for (gd_session_t *s = d->sessions; s && i < ns; s = s->next, i++) {
+        pm_usage_t u;
+        pm_owner_usage(d->pools, s->id, &u);
+        graphd__v1__session_status__init(&ss[i]);
+        ss[i].id = s->id;
+        ss[i].uid = s->attached ? (uint32_t)s->uid : 0;
+        ss[i].pid = (int32_t)s->pid;
+        ss[i].name = s->name;
+        ss[i].regions = u.regions;
+        ss[i].bytes = u.bytes;
+        ss[i].connected_since_unix_ms = s->created_unix_ms;
+        ss[i].attached = s->attached;
+        sl[i] = &ss[i];
+    }
+    rep->sessions = sl;
+    rep->n_sessions = i;
+}
+
+void gd_rpc_status(void *ctx, gd_call_t *call, const ProtobufCMessage *msg)
+{
+    gd_daemon_t *d = ctx;
+    (void)msg;
+    Graphd__V1__StatusReply rep = GRAPHD__V1__STATUS_REPLY__INIT;
+    daemon_section_t *daemon = calloc(1, sizeof *daemon);
+    Graphd__V1__Device dev_storage[GD_MAX_DEVICES];
+    Graphd__V1__SessionStatus *sessions = NULL;
+    if (daemon == NULL) {
+        gd_call_fail(call, GD_INTERNAL, "out of memory");
+        return;
+    }
+    status_daemon(d, daemon);
+    rep.daemon = &daemon->ds;
+    rep.devices = gd_status_devices(d, dev_storage);
+    rep.n_devices = rep.devices ? d->ndevices : 0;
+    rep.pools = gd_status_pools(d, &rep.n_pools);
+    status_sessions(d, &rep, &sessions);
+    gd_graphs_status(d, &rep);
+    gd_call_reply(call, &rep.base);
+    gd_graphs_status_free(&rep);
+    free(rep.sessions);
+    free(sessions);
+    gd_status_pools_free(rep.pools, rep.n_pools);
+    free(rep.devices);
+    free(daemon);
+}
