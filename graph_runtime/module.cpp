@@ -17,6 +17,9 @@
 #include <unordered_set>
 
 #include <c10/util/accumulate.h>
+#include <caffe2/serialize/inline_container.h>
+#include <caffe2/serialize/read_adapter_interface.h>
+#include <regex>
 #include <torch/csrc/jit/ir/constants.h>
 #include <torch/csrc/jit/ir/ir.h>
 #include <torch/version.h>
@@ -181,10 +184,107 @@ std::string view_outside_storage(const at::Tensor &t)
     return "";
 }
 
+/* Calls a module's code may not make, whatever they compute: they reach outside the tensors
+ * graphd gives the module. from_file maps any file the daemon can open (and, through
+ * /proc/self/fd, other sessions' regions); _reshape_alias and the *_unsafe constructors build
+ * views and sparse tensors without checking them against their storage, which reads and writes
+ * the daemon's heap (libtorch 1.13's _reshape_alias does no check at all). Ops outside the
+ * aten, prim and quantized namespaces (cuda::, profiler::, anything a library registers)
+ * change the daemon's process state: none is needed by a model. This is one layer: docs/
+ * SECURITY.md says what it does not cover. */
+const char *const denied_ops[] = {"from_file", "_reshape_alias", "_nested_view_from_buffer",
+                                  "_tensor_unsafe"};
+const char *const allowed_namespaces[] = {"aten", "prim", "quantized"};
+
+bool namespace_allowed(const std::string &ns)
+{
+    for (const char *a : allowed_namespaces)
+        if (ns == a)
+            return true;
+    return false;
+}
+
+/* Why an operator (qualified "ns::name") may not run in the daemon, or "". */
+std::string op_denied(const std::string &ns, const std::string &name)
+{
+    if (!namespace_allowed(ns))
+        return "it calls " + ns + "::" + name + " (only aten, prim and quantized operators run "
+               "in graphd)";
+    for (const char *d : denied_ops)
+        if (name.find(d) != std::string::npos)
+            return "it calls " + ns + "::" + name + ", which reaches outside the module's "
+                   "tensors (files or memory); graphd refuses it";
+    return "";
+}
+
+/* The archive's code, read before torch::jit::load runs any of it (__setstate__ methods run
+ * while it loads): why a code file names a refused operator, or "". The printed TorchScript names
+ * aten ops torch.<name> and others ops.<namespace>.<name>; custom classes are
+ * torch.classes.<namespace>.<name>. Tokens may be split by blanks, line joins and comments. */
+class MemoryReader : public caffe2::serialize::ReadAdapterInterface
+{
+  public:
+    MemoryReader(const void *data, size_t len) : data_(static_cast<const char *>(data)), len_(len)
+    {
+    }
+    size_t size() const override { return len_; }
+    size_t read(uint64_t pos, void *buf, size_t n, const char *what) const override
+    {
+        (void)what;
+        if (pos >= len_)
+            return 0;
+        n = std::min<size_t>(n, len_ - pos);
+        std::memcpy(buf, data_ + pos, n);
+        return n;
+    }
+
+  private:
+    const char *data_;
+    size_t len_;
+};
+
+std::string code_denied(const void *bytes, size_t len)
+{
+    static const std::regex ns_use(R"((?:\bops|\bclasses)(?:\s|\\|#[^\n]*)*\.(?:\s|\\|#[^\n]*)*)"
+                                   R"(([A-Za-z_][A-Za-z0-9_]*)(?:\s|\\|#[^\n]*)*\.(?:\s|\\|#[^\n]*)*)"
+                                   R"(([A-Za-z_][A-Za-z0-9_]*))");
+    caffe2::serialize::PyTorchStreamReader reader(std::make_shared<MemoryReader>(bytes, len));
+    for (const std::string &name : reader.getAllRecords()) {
+        if (name.rfind("code/", 0) != 0 || name.size() < 3 ||
+            name.compare(name.size() - 3, 3, ".py") != 0)
+            continue;
+        auto record = reader.getRecord(name);
+        std::string code(static_cast<const char *>(std::get<0>(record).get()), std::get<1>(record));
+        for (const char *d : denied_ops)
+            if (code.find(d) != std::string::npos)
+                return "its code (" + name + ") names '" + d + "', which reaches outside the "
+                       "module's tensors (files or memory); graphd refuses it";
+        for (std::sregex_iterator it(code.begin(), code.end(), ns_use), end; it != end; ++it) {
+            std::string why = op_denied((*it)[1].str(), (*it)[2].str());
+            if (!why.empty())
+                return "its code (" + name + ") " + why.substr(3);
+        }
+    }
+    return "";
+}
+
+/* Every node of g and of the blocks inside it. */
+template <typename F> void each_node(torch::jit::Block *b, const F &f)
+{
+    for (torch::jit::Node *n : b->nodes()) {
+        f(n);
+        for (torch::jit::Block *inner : n->blocks())
+            each_node(inner, f);
+    }
+}
+
 /* Every tensor the loaded module holds (parameters, buffers, other attributes, inside lists,
  * tuples and dicts too) and every tensor constant of its code, checked with
- * view_outside_storage before anything reads them. */
-void check_views(const torch::jit::Module &module)
+ * view_outside_storage before anything reads them; and every operator its code calls, checked
+ * with op_denied (code_denied has looked at the source already; this sees what it compiled to).
+ * The code is every function of the module's compilation unit: methods of all submodules, the
+ * functions they call, __setstate__. */
+void check_loaded(const torch::jit::Module &module)
 {
     auto check = [](const at::Tensor &t, const std::string &what) {
         std::string why = view_outside_storage(t);
@@ -199,13 +299,21 @@ void check_views(const torch::jit::Module &module)
             return false; /* visit the values inside containers too */
         });
     }
-    for (const auto &m : module.modules())
-        for (const auto &method : m.get_methods())
-            for (const torch::jit::Node *n : method.graph()->nodes())
-                if (n->kind() == c10::prim::Constant &&
-                    n->output()->type()->cast<c10::TensorType>())
-                    check(torch::jit::toIValue(n->output())->toTensor(),
-                          "a tensor constant of method '" + method.name() + "'");
+    for (torch::jit::Function *fn : module._ivalue()->compilation_unit()->get_functions()) {
+        auto *gf = dynamic_cast<torch::jit::GraphFunction *>(fn);
+        if (gf == nullptr)
+            continue;
+        const std::string fname = fn->qualname().qualifiedName();
+        each_node(gf->graph()->block(), [&](torch::jit::Node *n) {
+            if (n->kind() == c10::prim::Constant && n->output()->type()->cast<c10::TensorType>())
+                check(torch::jit::toIValue(n->output())->toTensor(),
+                      "a tensor constant of '" + fname + "'");
+            const c10::Symbol kind = n->kind();
+            std::string why = op_denied(kind.ns().toUnqualString(), kind.toUnqualString());
+            if (!why.empty())
+                throw gr::Error(GR_EINVAL, "module refused: '" + fname + "': " + why);
+        });
+    }
 }
 
 torch::jit::Module load_archive(const void *bytes, size_t len)
@@ -213,6 +321,13 @@ torch::jit::Module load_archive(const void *bytes, size_t len)
     std::string why = zip_precheck(bytes, len);
     if (!why.empty())
         throw gr::Error(GR_EINVAL, "not a loadable TorchScript archive: " + why);
+    try {
+        why = code_denied(bytes, len);
+    } catch (const std::exception &e) {
+        throw gr::Error(GR_EINVAL, "not a loadable TorchScript archive: " + gr::message_of(e));
+    }
+    if (!why.empty())
+        throw gr::Error(GR_EINVAL, "module refused: " + why);
     MemoryBuf buf(bytes, len);
     std::istream in(&buf);
     torch::jit::Module module;
@@ -222,7 +337,7 @@ torch::jit::Module load_archive(const void *bytes, size_t len)
         throw gr::Error(gr::code_of(e, GR_EINVAL),
                         "not a loadable TorchScript archive: " + gr::message_of(e));
     }
-    check_views(module);
+    check_loaded(module);
     return module;
 }
 

@@ -324,6 +324,20 @@ static void bad_archives(void **state)
     expect(c, graphd_module_register(c, bytes, len, NULL, &id), GRAPHD_EINVALID_ARGUMENT,
            "has a view of 65536 bytes over a storage of 16");
     free(bytes);
+    /* A module that maps a file (the daemon's user can open /etc/passwd, and through
+     * /proc/self/fd other sessions' regions), when called or while its archive loads. */
+    bytes = harness_models_read(&f->m, "fromfile.pt", &len);
+    expect(c, graphd_module_register(c, bytes, len, NULL, &id), GRAPHD_EINVALID_ARGUMENT,
+           "names 'from_file', which reaches outside the module's tensors");
+    free(bytes);
+    bytes = harness_models_read(&f->m, "setstate.pt", &len);
+    expect(c, graphd_module_register(c, bytes, len, NULL, &id), GRAPHD_EINVALID_ARGUMENT,
+           "names 'from_file'");
+    free(bytes);
+    bytes = harness_models_read(&f->m, "alias.pt", &len);
+    expect(c, graphd_module_register(c, bytes, len, NULL, &id), GRAPHD_EINVALID_ARGUMENT,
+           "names '_reshape_alias'");
+    free(bytes);
     expect(c, graphd_module_register(c, NULL, 0, NULL, &id), GRAPHD_EINVALID_ARGUMENT, NULL);
     expect(c, graphd_module_release(c, 424242), GRAPHD_ENOT_FOUND, NULL);
 

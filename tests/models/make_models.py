@@ -270,6 +270,69 @@ def make_bad_views(out):
                 dst.writestr(info.filename, data)
 
 
+class ReadsFile(nn.Module):
+    """Maps a file the daemon can open (here /etc/passwd) and adds its first byte."""
+
+    def forward(self, x):
+        f = torch.from_file("/etc/passwd", False, 4, dtype=torch.uint8)
+        return x + f[0].float()
+
+
+class ReadsFileAtLoad(nn.Module):
+    """Maps a file while the archive loads: torch::jit::load runs __setstate__."""
+
+    def __init__(self):
+        super().__init__()
+        self.t = torch.zeros(4, dtype=torch.uint8)
+
+    def forward(self, x):
+        return x + self.t[0].float()
+
+    @torch.jit.export
+    def __getstate__(self):
+        return (self.t, self.training)
+
+    @torch.jit.export
+    def __setstate__(self, state: Tuple[torch.Tensor, bool]):
+        self.t = torch.from_file("/etc/passwd", False, 4, dtype=torch.uint8)
+        self.training = state[1]
+
+
+class AliasPastStorage(nn.Module):
+    """A view past its input's storage at run time (libtorch 1.13 does not check it)."""
+
+    def forward(self, x):
+        return torch.ops.aten._reshape_alias(x, [4096], [1]).sum() + x
+
+
+class ForeignOp(nn.Module):
+    """An operator outside aten/prim/quantized (profiler::)."""
+
+    def forward(self, x):
+        h = torch.ops.profiler._record_function_enter("graphd", None)
+        torch.ops.profiler._record_function_exit(h)
+        return x + 1
+
+
+def make_reaching(out):
+    """Modules whose code reaches outside their tensors: fromfile.pt (forward maps a file),
+    setstate.pt (__setstate__ maps one while the archive loads), alias.pt (a view past its
+    storage), foreign.pt (a profiler:: op) and foreign_split.pt (the same with the op's name
+    split over a line join, as a crafted archive may write it)."""
+    for name, cls in (("fromfile.pt", ReadsFile), ("setstate.pt", ReadsFileAtLoad),
+                      ("alias.pt", AliasPastStorage), ("foreign.pt", ForeignOp)):
+        torch.jit.script(cls()).save(os.path.join(out, name))
+    with zipfile.ZipFile(os.path.join(out, "foreign.pt")) as src, \
+            zipfile.ZipFile(os.path.join(out, "foreign_split.pt"), "w") as dst:
+        for info in src.infolist():
+            data = src.read(info)
+            if info.filename.endswith("code/__torch__.py"):
+                if b"ops.profiler." not in data:
+                    sys.exit("make_models.py: foreign.pt's code has no ops.profiler.")
+                data = data.replace(b"ops.profiler.", b"ops \\\n  . profiler.")
+            dst.writestr(info, data)
+
+
 def make_bomb(out):
     """bomb.pt: mlp.pt with one more file of 8 MiB of zeros, deflated to a few kilobytes (a
     small zip bomb)."""
@@ -412,6 +475,7 @@ def main():
     make_random(out, ref)
     make_bad_views(out)
     make_bomb(out)
+    make_reaching(out)
     ref.write(os.path.join(out, "ref.txt"))
 
 

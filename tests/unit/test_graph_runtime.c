@@ -450,6 +450,23 @@ static void test_bad_archive(void **state)
     assert_int_equal(gr_module_load(bytes, len, &m), GR_OK);
     assert_int_equal(gr_module_release(m), GR_OK);
     free(bytes);
+    /* Code that reaches outside its tensors: refused from the archive's source, before
+     * torch::jit::load runs any of it (setstate.pt would map /etc/passwd while loading). */
+    static const struct {
+        const char *file, *why;
+    } reaching[] = {
+        {"fromfile.pt", "names 'from_file'"},
+        {"setstate.pt", "names 'from_file'"},
+        {"alias.pt", "names '_reshape_alias'"},
+        {"foreign.pt", "calls profiler::_record_function_enter (only aten, prim and quantized"},
+        {"foreign_split.pt", "calls profiler::_record_function_enter"},
+    };
+    for (size_t i = 0; i < sizeof reaching / sizeof reaching[0]; i++) {
+        bytes = read_file(reaching[i].file, &len);
+        assert_error(gr_module_load(bytes, len, &m), GR_EINVAL, reaching[i].why);
+        assert_non_null(strstr(gr_last_error(), "module refused: its code (code/__torch__.py)"));
+        free(bytes);
+    }
     bytes = read_file("view.pt", &len); /* the archive they were made from loads */
     assert_int_equal(gr_module_load(bytes, len, &m), GR_OK);
     assert_int_equal(gr_module_release(m), GR_OK);
