@@ -54,6 +54,10 @@ const gd_setting_t gd_settings[] = {
      1 * TiB, false,
      "largest total a module archive's files may unpack to (checked in its ZIP directory "
      "before loading)"},
+    {"max_call_memory_bytes", GD_CFG_BYTES, FIELD(max_call_memory_bytes), "0", 0, 1 * TiB * 64,
+     false,
+     "host memory one capture or replay may hold through libtorch at once; past it that call "
+     "fails with RESOURCE_EXHAUSTED (0: half the machine's memory)"},
     {"cpu_devices", GD_CFG_UINT, FIELD(cpu_devices), "1", 1, 8, false,
      "logical CPU devices cpu:0..cpu:N-1, each with its own worker thread and pools (a split of "
      "the queues, not of the cores: all share the host's cores and libtorch's intra-op "

@@ -31,6 +31,7 @@ typedef struct gd_config {
     uint64_t shutdown_grace_ms;
     uint64_t inline_module_max_bytes;
     uint64_t max_module_unpacked_bytes;
+    uint64_t max_call_memory_bytes;
     uint64_t cpu_devices;
     uint64_t intra_op_threads;
     uint64_t worker_spin_us;

@@ -33,6 +33,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 gd_worker_t *gd_worker_for(gd_daemon_t *d, const char *device)
 {
@@ -84,12 +85,23 @@ static void device_free_hook(void *ctx, const char *device, void *ptr, uint64_t 
 
 /* ---- start and stop ---------------------------------------------------- */
 
+/* max_call_memory_bytes, or half the machine's memory for 0: one call must not take the
+ * memory every other tenant's work lives in. */
+static uint64_t call_memory_bound(const gd_daemon_t *d)
+{
+    if (d->cfg.max_call_memory_bytes)
+        return d->cfg.max_call_memory_bytes;
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    return pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page / 2 : 0;
+}
+
 int gd_graphs_start(gd_daemon_t *d)
 {
     pm_manager_set_device_free(d->pools, device_free_hook, d);
     if (gr_runtime_init((int)d->cfg.intra_op_threads) != GR_OK ||
         gr_cpu_devices((int)d->cfg.cpu_devices) != GR_OK ||
-        gr_module_max_unpacked(d->cfg.max_module_unpacked_bytes) != GR_OK) {
+        gr_module_max_unpacked(d->cfg.max_module_unpacked_bytes) != GR_OK ||
+        gr_call_memory_max(call_memory_bound(d)) != GR_OK) {
         gd_error("graph runtime: %s", gr_last_error());
         return -1;
     }

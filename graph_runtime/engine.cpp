@@ -737,6 +737,7 @@ extern "C" int gr_capture_prepare(const char *device, size_t n, const gr_callabl
         if (o.num_warmup_iters < 0)
             o.num_warmup_iters = 3;
 
+        gr::CallMemoryBound bound;
         auto cap = std::make_unique<gr_capture>();
         gr::DeviceRef dev = gr::parse_device(device);
         if (o.pool != nullptr) {
@@ -837,6 +838,7 @@ extern "C" int gr_capture_finish(gr_capture_t *c, void *const *bases, gr_graph_t
                                       i, bases[i], GR_ALIGN);
         }
         const gr::Pool &pool = *cap->pool;
+        gr::CallMemoryBound bound;
         c10::AutoGradMode grad_mode(true);
         std::vector<at::Tensor> all_buffers;
         for (size_t i = 0; i < n; i++) {
@@ -899,6 +901,7 @@ int replay(gr_graph_t *g, int phase, const gr::Order *order, uint64_t *elapsed_n
 {
     gr::Callable &c = *g->callable;
     const gr::Family &family = *g->pool->family;
+    gr::CallMemoryBound bound;
     auto t0 = std::chrono::steady_clock::now();
     c10::AutoGradMode grad_mode(true);
     if (phase == GR_PHASE_FORWARD) {

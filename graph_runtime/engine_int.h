@@ -55,6 +55,21 @@ int fail_with(const std::exception &e, int default_code);
 /* For the catch (...) of an extern "C" function. */
 int fail_unknown(const char *fn);
 
+/* While one lives on a thread, host memory that thread allocates through libtorch is charged to
+ * the call and refused past gr_call_memory_max (memory_bound.cpp). At the entry points that run a
+ * module's code: captures and replays. Nested guards charge the outermost call. */
+class CallMemoryBound
+{
+  public:
+    CallMemoryBound();
+    ~CallMemoryBound();
+    CallMemoryBound(const CallMemoryBound &) = delete;
+    CallMemoryBound &operator=(const CallMemoryBound &) = delete;
+
+  private:
+    bool active_ = false;
+};
+
 /* Runs f; an exception comes out as gr::Error whose message starts with "ctx: ". */
 template <typename F> auto in_context(const std::string &ctx, int default_code, F &&f)
 {

@@ -65,6 +65,12 @@ int gr_cpu_devices(int n);
  * to more than bytes in all, as its ZIP directory says, before libtorch inflates anything (a
  * small archive can inflate to gigabytes). 0: no bound. Default 4 GiB. */
 int gr_module_max_unpacked(uint64_t bytes);
+/* Optional, process-wide: host memory that one capture or replay may hold at once through
+ * libtorch's CPU allocator, counting what its allocations still hold until they are freed (the
+ * activations a FORWARD saves are freed by its BACKWARD). An allocation past it fails that call
+ * with GR_ENOMEM and a message naming max_call_memory_bytes; the process and other calls go on.
+ * 0: no bound (the default). Device memory is not counted. */
+int gr_call_memory_max(uint64_t bytes);
 /* The libtorch version this runtime was built against, e.g. "1.13.0". */
 const char *gr_runtime_torch_version(void);
 

@@ -743,6 +743,33 @@ static void replay_timeout(void **state)
     graphd_close(other);
 }
 
+/* A forward that allocates 256 MiB under max_call_memory_bytes = 64 MiB: that capture fails with
+ * RESOURCE_EXHAUSTED naming the bound (it used to take the machine's memory and get the daemon
+ * OOM-killed), and another session captures and replays on the same device meanwhile. */
+static void call_over_the_memory_bound(void **state)
+{
+    (void)state;
+    static const char *const args[] = {"--max-call-memory-bytes", "64Mi", NULL};
+    fixture_t own;
+    assert_int_equal(harness_fixture_start(&own, args), 0);
+    graphd_client_t *greedy = harness_client(&own.h, "greedy");
+    graphd_client_t *other = harness_client(&own.h, "other");
+    assert_non_null(greedy);
+    assert_non_null(other);
+    const int64_t xs[2] = {2, 4};
+    graphd_tensor_spec_t arg = f32_spec(2, xs, 1);
+    graphd_callable_t callable = {register_model(greedy, &own, "hungry.pt"), NULL, 1, &arg};
+    graphd_graph_t *g = (graphd_graph_t *)1;
+    expect(greedy, graphd_capture(greedy, 1, &callable, NULL, &g), GRAPHD_ERESOURCE_EXHAUSTED,
+           "over 67108864 (max_call_memory_bytes)");
+    graphd_graph_t *fine = capture_mlp(other, &own, 1);
+    replays_fine(other, fine);
+    expect(other, graphd_graph_release(fine), GRAPHD_OK, NULL);
+    graphd_close(other);
+    graphd_close(greedy);
+    assert_int_equal(harness_fixture_stop(&own), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -758,6 +785,7 @@ int main(void)
         cmocka_unit_test(throwing_forward_stays_usable),
         cmocka_unit_test(garbage_on_a_session_with_graphs),
         cmocka_unit_test(replay_timeout),
+        cmocka_unit_test(call_over_the_memory_bound),
     };
     return cmocka_run_group_tests_name("graphs_bad_input", tests, harness_fixture_group_setup,
                                        harness_fixture_group_teardown);

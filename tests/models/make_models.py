@@ -314,6 +314,31 @@ class ForeignOp(nn.Module):
         return x + 1
 
 
+class Hungry(nn.Module):
+    """Allocates `numel` floats of host memory `rounds` times in every forward, each freed before
+    the next, beside a small computation."""
+
+    def __init__(self, numel: int, rounds: int):
+        super().__init__()
+        self.numel = numel
+        self.rounds = rounds
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x):
+        y = self.lin(x)
+        for _ in range(self.rounds):
+            big = torch.ones(self.numel)
+            y = y + big[-1]
+        return y
+
+
+def make_hungry(out):
+    """hungry.pt: 256 MiB in one forward; churn.pt: 1 MiB 40 times in one forward."""
+    torch.manual_seed(321)
+    torch.jit.script(Hungry(64 << 20, 1)).save(os.path.join(out, "hungry.pt"))
+    torch.jit.script(Hungry(256 << 10, 40)).save(os.path.join(out, "churn.pt"))
+
+
 def make_reaching(out):
     """Modules whose code reaches outside their tensors: fromfile.pt (forward maps a file),
     setstate.pt (__setstate__ maps one while the archive loads), alias.pt (a view past its
@@ -476,6 +501,7 @@ def main():
     make_bad_views(out)
     make_bomb(out)
     make_reaching(out)
+    make_hungry(out)
     ref.write(os.path.join(out, "ref.txt"))
 
 

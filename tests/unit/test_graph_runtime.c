@@ -1192,6 +1192,44 @@ static void test_throwing_forward(void **state)
     gr_module_release(m);
 }
 
+/* max_call_memory_bytes: a forward that allocates 256 MiB fails its capture, and its replay, at
+ * a 64 MiB bound, and the graph still works once the bound allows it; memory a call frees is
+ * given back to its budget (churn.pt takes 1 MiB 40 times per call, under 8 MiB). */
+static void test_call_memory_bound(void **state)
+{
+    (void)state;
+    const int64_t shape[] = {2, 4};
+    gr_arg_spec_t arg = f32_arg(2, shape, 1);
+    gr_module_t *hungry = load_model("hungry.pt"), *churn = load_model("churn.pt");
+    gr_callable_spec_t spec = {hungry, NULL, 1, &arg};
+    tgraph_t t[1];
+    assert_int_equal(gr_call_memory_max(64u << 20), GR_OK);
+    assert_error(capture(1, &spec, NULL, t), GR_ENOMEM, "max_call_memory_bytes");
+    assert_non_null(strstr(gr_last_error(), "over 67108864"));
+    assert_int_equal(gr_call_memory_max(0), GR_OK);
+    assert_int_equal(capture(1, &spec, NULL, t), GR_OK);
+    assert_int_equal(gr_call_memory_max(64u << 20), GR_OK);
+    uint64_t ns = 0;
+    assert_error(gr_graph_replay(t[0].g, GR_PHASE_FORWARD, &ns), GR_ENOMEM,
+                 "max_call_memory_bytes");
+    assert_int_equal(gr_call_memory_max(0), GR_OK);
+    replay_ok(t[0].g, GR_PHASE_FORWARD);
+    replay_ok(t[0].g, GR_PHASE_BACKWARD);
+    release(t, 1);
+
+    gr_callable_spec_t small = {churn, NULL, 1, &arg};
+    assert_int_equal(gr_call_memory_max(8u << 20), GR_OK);
+    assert_int_equal(capture(1, &small, NULL, t), GR_OK);
+    for (int i = 0; i < 3; i++) {
+        replay_ok(t[0].g, GR_PHASE_FORWARD);
+        replay_ok(t[0].g, GR_PHASE_BACKWARD);
+    }
+    assert_int_equal(gr_call_memory_max(0), GR_OK);
+    release(t, 1);
+    assert_int_equal(gr_module_release(hungry), GR_OK);
+    assert_int_equal(gr_module_release(churn), GR_OK);
+}
+
 static void test_bad_capture_arguments(void **state)
 {
     (void)state;
@@ -2022,6 +2060,7 @@ int main(void)
         cmocka_unit_test(test_shape_mismatch),
         cmocka_unit_test(test_backward_before_forward),
         cmocka_unit_test(test_throwing_forward),
+        cmocka_unit_test(test_call_memory_bound),
         cmocka_unit_test(test_bad_capture_arguments),
         cmocka_unit_test(test_concurrent_workers),
         cmocka_unit_test(test_cpu_devices),
