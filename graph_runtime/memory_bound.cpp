@@ -85,11 +85,10 @@ class BoundedCPUAllocator final : public c10::Allocator
         uint64_t held = b->held.fetch_add(n, std::memory_order_relaxed) + n;
         if (held > b->limit) {
             b->held.fetch_sub(n, std::memory_order_relaxed);
-            throw gr::Error(GR_ENOMEM,
-                            "not enough memory under the bound: this call would hold " +
-                                std::to_string(held) + " bytes of host memory, over " +
-                                std::to_string(b->limit) +
-                                " (max_call_memory_bytes); allocate less per call");
+            throw gr::Error(GR_ENOMEM, "not enough memory under the bound: this call would hold " +
+                                           std::to_string(held) + " bytes of host memory, over " +
+                                           std::to_string(b->limit) +
+                                           " (max_call_memory_bytes); allocate less per call");
         }
         c10::DataPtr inner = base_allocator->allocate(n);
         if (inner.get() != inner.get_context() ||

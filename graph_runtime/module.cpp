@@ -208,11 +208,13 @@ bool namespace_allowed(const std::string &ns)
 std::string op_denied(const std::string &ns, const std::string &name)
 {
     if (!namespace_allowed(ns))
-        return "it calls " + ns + "::" + name + " (only aten, prim and quantized operators run "
+        return "it calls " + ns + "::" + name +
+               " (only aten, prim and quantized operators run "
                "in graphd)";
     for (const char *d : denied_ops)
         if (name.find(d) != std::string::npos)
-            return "it calls " + ns + "::" + name + ", which reaches outside the module's "
+            return "it calls " + ns + "::" + name +
+                   ", which reaches outside the module's "
                    "tensors (files or memory); graphd refuses it";
     return "";
 }
@@ -227,7 +229,10 @@ class MemoryReader : public caffe2::serialize::ReadAdapterInterface
     MemoryReader(const void *data, size_t len) : data_(static_cast<const char *>(data)), len_(len)
     {
     }
-    size_t size() const override { return len_; }
+    size_t size() const override
+    {
+        return len_;
+    }
     size_t read(uint64_t pos, void *buf, size_t n, const char *what) const override
     {
         (void)what;
@@ -245,9 +250,10 @@ class MemoryReader : public caffe2::serialize::ReadAdapterInterface
 
 std::string code_denied(const void *bytes, size_t len)
 {
-    static const std::regex ns_use(R"((?:\bops|\bclasses)(?:\s|\\|#[^\n]*)*\.(?:\s|\\|#[^\n]*)*)"
-                                   R"(([A-Za-z_][A-Za-z0-9_]*)(?:\s|\\|#[^\n]*)*\.(?:\s|\\|#[^\n]*)*)"
-                                   R"(([A-Za-z_][A-Za-z0-9_]*))");
+    static const std::regex ns_use(
+        R"((?:\bops|\bclasses)(?:\s|\\|#[^\n]*)*\.(?:\s|\\|#[^\n]*)*)"
+        R"(([A-Za-z_][A-Za-z0-9_]*)(?:\s|\\|#[^\n]*)*\.(?:\s|\\|#[^\n]*)*)"
+        R"(([A-Za-z_][A-Za-z0-9_]*))");
     caffe2::serialize::PyTorchStreamReader reader(std::make_shared<MemoryReader>(bytes, len));
     for (const std::string &name : reader.getAllRecords()) {
         if (name.rfind("code/", 0) != 0 || name.size() < 3 ||
@@ -257,7 +263,8 @@ std::string code_denied(const void *bytes, size_t len)
         std::string code(static_cast<const char *>(std::get<0>(record).get()), std::get<1>(record));
         for (const char *d : denied_ops)
             if (code.find(d) != std::string::npos)
-                return "its code (" + name + ") names '" + d + "', which reaches outside the "
+                return "its code (" + name + ") names '" + d +
+                       "', which reaches outside the "
                        "module's tensors (files or memory); graphd refuses it";
         for (std::sregex_iterator it(code.begin(), code.end(), ns_use), end; it != end; ++it) {
             std::string why = op_denied((*it)[1].str(), (*it)[2].str());
