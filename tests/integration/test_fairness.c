@@ -208,8 +208,8 @@ static void a_client_that_never_reads_is_disconnected(void **state)
     pthread_join(t, NULL);
     print_message("never-reading client: %zu of %d frames went in; the other session's worst "
                   "replay round trip %.2f ms over %llu replays meanwhile (%.2f ms alone)\n",
-                  sent / GRAPHD_FRAME_SIZE, 20000, p.worst_ns / 1e6,
-                  (unsigned long long)p.count, alone / 1e6);
+                  sent / GRAPHD_FRAME_SIZE, 20000, p.worst_ns / 1e6, (unsigned long long)p.count,
+                  alone / 1e6);
     if (s != NULL) {
         json_decref(s);
         fail_msg("the session of a client that never reads was not ended");
