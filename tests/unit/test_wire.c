@@ -70,10 +70,8 @@ static int read_frame(int sock, graphd_frame_t *f, int *fd)
             struct cmsghdr align;
         } ctl;
         struct iovec iov = {rbuf + rhave, want - rhave};
-        struct msghdr mh = {.msg_iov = &iov,
-                            .msg_iovlen = 1,
-                            .msg_control = ctl.b,
-                            .msg_controllen = sizeof ctl.b};
+        struct msghdr mh = {
+            .msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl.b, .msg_controllen = sizeof ctl.b};
         ssize_t n = recvmsg(sock, &mh, MSG_CMSG_CLOEXEC);
         if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
             return 0;
