@@ -553,6 +553,7 @@ void gd_rpc_capture(void *ctx, gd_call_t *call, const ProtobufCMessage *msg)
     op->d = d;
     op->call = call;
     op->session = s->id;
+    op->job.session = s->id; /* every step in the session's queue (worker.h) */
     op->pool = gp;
     op->t0 = gd_now_ns();
     op->job.run = capture_prepare_run;

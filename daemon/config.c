@@ -72,6 +72,13 @@ const gd_setting_t gd_settings[] = {
      "the next one before sleeping: a training step's next replay comes hundreds of "
      "microseconds later, and each sleeping thread takes tens of microseconds to wake (a core "
      "each while a GPU trains; 0 on hosts with fewer than 4 CPUs)"},
+    {"reply_buffer_max_bytes", GD_CFG_BYTES, FIELD(reply_buffer_max_bytes), "1Mi", 4 * KiB, 1 * GiB,
+     false,
+     "replies a session socket may hold unsent because its client does not read them (beyond "
+     "the kernel's socket buffer); a client past it is disconnected and its session ended"},
+    {"max_queued_replays", GD_CFG_UINT, FIELD(max_queued_replays), "4096", 1, 100000000, true,
+     "replays one session may have queued on one device and not yet started; the next is "
+     "answered RESOURCE_EXHAUSTED"},
 };
 const size_t gd_settings_count = sizeof gd_settings / sizeof gd_settings[0];
 

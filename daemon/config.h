@@ -36,6 +36,8 @@ typedef struct gd_config {
     uint64_t intra_op_threads;
     uint64_t worker_spin_us;
     uint64_t replay_spin_us;
+    uint64_t reply_buffer_max_bytes;
+    uint64_t max_queued_replays;
 } gd_config_t;
 
 typedef enum {

@@ -95,6 +95,8 @@ typedef struct gd_daemon {
     uint64_t started_unix_ms;
     uint64_t started_mono_ms;
     uint64_t reloads;
+    uint64_t replays_dropped;      /* queued replays of ended sessions, removed unrun */
+    uint64_t clients_disconnected; /* sessions ended for not reading (reply_buffer_max_bytes) */
     bool stopping;
     int exit_code;
 } gd_daemon_t;
@@ -103,14 +105,25 @@ uint64_t gd_now_unix_ms(void);
 uint64_t gd_now_mono_ms(void);
 uint64_t gd_now_ns(void);
 
-/* wire.c: the write side of a session-socket connection, shared with device workers. */
-gd_wire_t *gd_wire_create(int sock);
+/* wire.c: the write side of a session-socket connection, shared with device workers. Sends never
+ * wait: what the socket does not take now waits in the wire's buffer for the loop to flush. */
+typedef enum {
+    GD_WIRE_OK,
+    GD_WIRE_OVERFLOW, /* the client left more than max_buffered bytes of replies unread */
+    GD_WIRE_BROKEN    /* the socket failed */
+} gd_wire_state_t;
+/* On the loop: a wire over a dup of sock holding at most max_buffered unsent bytes. Once it fails
+ * (gd_wire_state), on_fail(ctx) runs once on the loop, unless gd_wire_close came first. The caller
+ * holds one reference. NULL (logged) on failure. */
+gd_wire_t *gd_wire_create(uv_loop_t *loop, int sock, uint64_t max_buffered,
+                          void (*on_fail)(void *ctx), void *ctx);
 void gd_wire_ref(gd_wire_t *w);
 void gd_wire_unref(gd_wire_t *w);
-/* Closes the socket; later sends fail quietly. */
+/* On the loop, once: closes the socket and drops what is buffered; later sends fail quietly. */
 void gd_wire_close(gd_wire_t *w);
-/* Sends one frame, its message text and optionally a descriptor. 0, or -1 when the peer is gone or
- * does not read. Safe from any thread. */
+gd_wire_state_t gd_wire_state(gd_wire_t *w);
+/* Sends one frame, its message text and optionally a descriptor (kept, as a dup, until the frame
+ * starts to go out). 0, or -1 when the wire is closed or has failed. Safe from any thread. */
 int gd_wire_send(gd_wire_t *w, const graphd_frame_t *f, const char *msg, int pass_fd);
 /* The same with mlen bytes of payload after the frame (binary; at most GRAPHD_FRAME_MAX_MSG),
  * e.g. the IPC handle of a device region in a MAP reply. */

@@ -38,6 +38,7 @@ struct gd_order {
     gd_order_kind_t kind;
     char device[32]; /* "cuda:0" */
     gd_worker_t *worker;
+    uint64_t session; /* whose queue its jobs go to (worker.h) */
     gr_event_t *wait; /* EVENTS: the client's, opened here */
     gr_event_t *done; /* EVENTS: the daemon's */
     gr_seq_t *seq;    /* SEQ */
@@ -104,6 +105,7 @@ static void destroy_later(gd_order_t *o)
     }
     j->o = o;
     j->job.run = destroy_run;
+    j->job.session = o->session; /* behind the session's replays that use it */
     gd_worker_submit(o->worker, &j->job);
 }
 
@@ -180,6 +182,7 @@ void gd_order_frame(gd_daemon_t *d, gd_session_t *s, gd_wire_t *wire, const grap
     o->kind = kind;
     snprintf(o->device, sizeof o->device, "%s", device);
     o->worker = w;
+    o->session = s->id;
     j->o = o;
     j->d = d;
     j->wire = wire;
@@ -191,6 +194,7 @@ void gd_order_frame(gd_daemon_t *d, gd_session_t *s, gd_wire_t *wire, const grap
         memcpy(j->client_handle, payload, GRAPHD_IPC_HANDLE_SIZE);
     j->job.run = open_run;
     j->job.done = open_done;
+    j->job.session = s->id;
     gd_worker_submit(w, &j->job);
 }
 

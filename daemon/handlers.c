@@ -273,6 +273,7 @@ static void devregion_alloc_done(gd_job_t *job)
     if (r == NULL) { /* the block is still ours: free it behind whatever the worker holds */
         op->job.run = devregion_free_run;
         op->job.done = NULL;
+        op->job.session = 0; /* the daemon's queue (worker.h) */
         gd_worker_submit(op->worker, &op->job);
         return;
     }
@@ -312,6 +313,7 @@ static void alloc_device_region(gd_daemon_t *d, gd_call_t *call, gd_session_t *s
     }
     op->job.run = devregion_alloc_run;
     op->job.done = devregion_alloc_done;
+    op->job.session = s->id;
     op->d = d;
     op->call = call;
     op->worker = w;

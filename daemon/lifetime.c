@@ -78,6 +78,7 @@ static void device_free_hook(void *ctx, const char *device, void *ptr, uint64_t 
     }
     j->job.run = devfree_run;
     j->job.done = NULL;
+    j->job.session = 0; /* the daemon's queue: after every job that may use the memory */
     snprintf(j->device, sizeof j->device, "%s", device);
     j->ptr = ptr;
     gd_worker_submit(w, &j->job);
@@ -269,6 +270,7 @@ static void gpool_maybe_free(gd_daemon_t *d, gd_gpool_t *p)
         return; /* freed at exit instead */
     j->job.run = gpool_destroy_run;
     j->job.done = gpool_destroy_done;
+    j->job.session = 0; /* the daemon's queue: after every session's graph destroys */
     j->d = d;
     j->pool = p;
     gd_worker_submit(p->worker, &j->job);
@@ -396,6 +398,7 @@ void gd_graph_release(gd_daemon_t *d, gd_graph_t *g, bool free_region)
     } else {
         j->job.run = graph_destroy_run;
         j->job.done = graph_destroy_done;
+        j->job.session = g->session; /* after the graph's replays queued there */
         j->d = d;
         j->graph = g;
         gd_worker_submit(g->worker, &j->job);

@@ -104,6 +104,15 @@ static void replay_frame_run(gd_job_t *job)
     free(j);
 }
 
+/* The session of a frame replay ended before it ran: its connection is gone, nothing to answer
+ * (a posted replay's counters were released with the session). */
+static void replay_frame_drop(gd_job_t *job)
+{
+    replay_job_t *j = (replay_job_t *)job;
+    gd_wire_unref(j->wire);
+    free(j);
+}
+
 static void replay_call_run(gd_job_t *job)
 {
     replay_job_t *j = (replay_job_t *)job;
@@ -124,6 +133,34 @@ static void replay_call_done(gd_job_t *job)
         gd_call_reply(j->call, &rep.base);
     }
     free(j);
+}
+
+static void replay_call_drop(gd_job_t *job)
+{
+    replay_job_t *j = (replay_job_t *)job;
+    gd_call_fail(j->call, GD_ABORTED,
+                 "the session ended before replay of graph %llu ran; it was dropped, not run",
+                 (unsigned long long)j->graph->id);
+    free(j);
+}
+
+/* Queues a replay job on its graph's worker, in its session's queue. 0, or GD_RESOURCE_EXHAUSTED
+ * with msg set when the session already has max_queued_replays replays queued there. */
+static int replay_submit(gd_daemon_t *d, gd_session_t *s, replay_job_t *j, char *msg, size_t len)
+{
+    gd_worker_t *w = j->graph->worker;
+    j->job.session = s->id;
+    w->max_queued_replays = d->cfg.max_queued_replays; /* reloadable: read at each submit */
+    if (gd_worker_submit(w, &j->job) != 0) {
+        snprintf(msg, len,
+                 "session %llu already has %llu replays queued on %s (max_queued_replays); wait "
+                 "for their replies before sending more, or raise max_queued_replays",
+                 (unsigned long long)s->id, (unsigned long long)d->cfg.max_queued_replays,
+                 w->device);
+        return GD_RESOURCE_EXHAUSTED;
+    }
+    s->replays++;
+    return GD_OK;
 }
 
 /* Looks the graph up for session s; returns a status and a message for failures. */
@@ -161,26 +198,32 @@ static replay_job_t *replay_job_new(int *st, char *msg, size_t len)
     return j;
 }
 
-/* Queues j, a zeroed job for a REPLAY frame f of g with its ordering set, on g's worker. */
-static void replay_frame_submit(gd_daemon_t *d, gd_session_t *s, gd_wire_t *wire,
-                                const graphd_frame_t *f, gd_graph_t *g, int phase, uint64_t t0,
-                                replay_job_t *j)
+/* Queues j, a zeroed job for a REPLAY frame f of g with its ordering set, on g's worker. GD_OK, or
+ * GD_RESOURCE_EXHAUSTED with msg set (j freed) when the session has max_queued_replays queued. */
+static int replay_frame_submit(gd_daemon_t *d, gd_session_t *s, gd_wire_t *wire,
+                               const graphd_frame_t *f, gd_graph_t *g, int phase, uint64_t t0,
+                               replay_job_t *j, char *msg, size_t len)
 {
     j->job.run = replay_frame_run;
+    j->job.drop = replay_frame_drop;
     j->graph = g;
     j->phase = phase;
     j->t0 = t0;
     j->seq = f->seq;
     j->wire = wire;
     gd_wire_ref(wire);
-    s->replays++;
     /* Device-resident replays, however ordered. Not host-staged ones or the CPU's: those clients
      * compute on the host's cores (a CPU module, its optimizer). With the two threads polling
      * after host-staged replays too, a host-staged (64, 512, 8) step took 13.5 ms in one H200
      * run, against 1.9-3.4 ms in five runs without. */
     if (g->resident)
         replay_keep_hot(d, g->worker, t0);
-    gd_worker_submit(g->worker, &j->job);
+    int st = replay_submit(d, s, j, msg, len);
+    if (st != GD_OK) {
+        gd_wire_unref(wire);
+        free(j);
+    }
+    return st;
 }
 
 /* A REPLAY with GRAPHD_REPLAY_POSTED: answered only when it fails. Whatever happens to it, its
@@ -231,7 +274,12 @@ static void replay_posted(gd_daemon_t *d, gd_session_t *s, gd_wire_t *wire, cons
     }
     j->seqs = gd_order_counters(q);
     j->n = n;
-    replay_frame_submit(d, s, wire, f, g, (int)phase, t0, j);
+    st = replay_frame_submit(d, s, wire, f, g, (int)phase, t0, j, msg, sizeof msg);
+    if (st != GD_OK) {
+        replay_reply_error(wire, f->seq, f->id, st, msg);
+        if (gr_seq_skip(gd_order_counters(q), n) != GR_OK)
+            gd_warn("posted replay %llu on %s: %s", (unsigned long long)n, device, gr_last_error());
+    }
 }
 
 void gd_replay_frame(gd_daemon_t *d, gd_session_t *s, gd_wire_t *wire, const graphd_frame_t *f)
@@ -266,7 +314,9 @@ void gd_replay_frame(gd_daemon_t *d, gd_session_t *s, gd_wire_t *wire, const gra
     }
     j->wait = ev ? gd_order_wait(ev) : NULL;
     j->done = ev ? gd_order_done(ev) : NULL;
-    replay_frame_submit(d, s, wire, f, g, (int)phase, t0, j);
+    st = replay_frame_submit(d, s, wire, f, g, (int)phase, t0, j, msg, sizeof msg);
+    if (st != GD_OK)
+        replay_reply_error(wire, f->seq, f->id, st, msg);
 }
 
 void gd_rpc_replay(void *ctx, gd_call_t *call, const ProtobufCMessage *msg)
@@ -291,10 +341,14 @@ void gd_rpc_replay(void *ctx, gd_call_t *call, const ProtobufCMessage *msg)
     }
     j->job.run = replay_call_run;
     j->job.done = replay_call_done;
+    j->job.drop = replay_call_drop;
     j->graph = g;
     j->phase = (int)req->phase;
     j->t0 = t0;
     j->call = call;
-    s->replays++;
-    gd_worker_submit(g->worker, &j->job);
+    st = replay_submit(d, s, j, text, sizeof text);
+    if (st != GD_OK) {
+        free(j);
+        gd_call_fail(call, st, "%s", text);
+    }
 }

@@ -3,9 +3,9 @@
  * stream socket serves every session: a connection attaches to a session with
  * its id and token, the peer's credentials come from SO_PEERCRED, region
  * memfds go out with SCM_RIGHTS, and EOF ends the session and reclaims what it
- * owns. Replies are written directly with sendmsg on the non-blocking socket:
- * every request is answered by one small frame, so a client that reads its
- * replies never fills the socket buffer, and one that does not is dropped.
+ * owns. Replies go out through the connection's wire (wire.c), which never
+ * waits for the client: a client that leaves more than reply_buffer_max_bytes
+ * of replies unread is disconnected and its session ended.
  */
 #include "daemon.h"
 #include "graphd_frame.h"
@@ -36,6 +36,8 @@ struct gd_conn {
 };
 
 static void conn_close(gd_conn_t *c);
+static void conn_close_why(gd_conn_t *c, const char *why);
+static void on_wire_failed(void *ctx);
 
 /* ---- sending ---------------------------------------------------------- */
 
@@ -115,7 +117,7 @@ static void on_attach(gd_conn_t *c, const graphd_frame_t *f)
     gd_info("session %llu (%s) attached: uid %u pid %d", (unsigned long long)s->id, s->name,
             (unsigned)s->uid, (int)s->pid);
     if (reply(c, f, GD_OK, 0, NULL, -1) != 0)
-        conn_close(c);
+        on_wire_failed(c);
 }
 
 static void on_map(gd_conn_t *c, const graphd_frame_t *f)
@@ -139,7 +141,7 @@ static void on_map(gd_conn_t *c, const graphd_frame_t *f)
     } else
         rc = reply(c, f, GD_OK, pm_region_mapped_size(r), NULL, pm_region_fd(r));
     if (rc != 0)
-        conn_close(c);
+        on_wire_failed(c);
 }
 
 /* The message bytes a request frame may carry: the client's event handle in EVENTS, nothing in
@@ -253,6 +255,37 @@ static void on_conn_closed(uv_handle_t *h)
 
 static void conn_close(gd_conn_t *c)
 {
+    conn_close_why(c, "session socket closed");
+}
+
+/* The wire failed (on the loop): a client that does not read its replies, or a broken socket. */
+static void on_wire_failed(void *ctx)
+{
+    gd_conn_t *c = ctx;
+    if (c->closing)
+        return;
+    if (gd_wire_state(c->wire) != GD_WIRE_OVERFLOW) {
+        conn_close_why(c, "session socket failed");
+        return;
+    }
+    gd_daemon_t *d = c->d;
+    char why[160];
+    snprintf(why, sizeof why,
+             "its client left more than reply_buffer_max_bytes (%llu) of "
+             "replies unread",
+             (unsigned long long)d->cfg.reply_buffer_max_bytes);
+    d->clients_disconnected++;
+    if (c->session)
+        gd_warn("session %llu (%s, uid %u, pid %d): disconnected: %s",
+                (unsigned long long)c->session->id, c->session->name, (unsigned)c->session->uid,
+                (int)c->session->pid, why);
+    else
+        gd_warn("session socket (unattached): disconnected: %s", why);
+    conn_close_why(c, why);
+}
+
+static void conn_close_why(gd_conn_t *c, const char *why)
+{
     if (c->closing)
         return;
     c->closing = true;
@@ -271,7 +304,7 @@ static void conn_close(gd_conn_t *c)
     c->session = NULL;
     if (s) {
         s->conn = NULL;
-        gd_session_end(d, s, "session socket closed");
+        gd_session_end(d, s, why);
     }
 }
 
@@ -294,7 +327,7 @@ static void on_connection(uv_stream_t *server, int status)
         uv_close((uv_handle_t *)&c->pipe, on_conn_closed);
         return;
     }
-    c->wire = gd_wire_create(conn_fd(c));
+    c->wire = gd_wire_create(d->loop, conn_fd(c), d->cfg.reply_buffer_max_bytes, on_wire_failed, c);
     if (c->wire == NULL) {
         uv_close((uv_handle_t *)&c->pipe, on_conn_closed);
         return;
@@ -433,6 +466,15 @@ void gd_session_end(gd_daemon_t *d, gd_session_t *s, const char *why)
     *pp = s->next;
     d->nsessions--;
     gd_order_session_ended(s); /* first: a graph's stream may wait on this client's counter */
+    /* Its queued replays go unrun (an RPC replay's call fails); its destroys stay queued. */
+    uint64_t dropped = 0;
+    for (size_t i = 0; i < d->nworkers; i++)
+        dropped += gd_worker_session_ended(&d->workers[i], s->id);
+    if (dropped > 0) {
+        d->replays_dropped += dropped;
+        gd_info("session %llu (%s): dropped %llu queued replays", (unsigned long long)s->id,
+                s->name, (unsigned long long)dropped);
+    }
     gd_graphs_session_ended(d, s);
     pm_usage_t freed = {0, 0};
     pm_reclaim_owner(d->pools, s->id, &freed);

@@ -212,6 +212,8 @@ static void status_daemon(gd_daemon_t *d, daemon_section_t *sec)
     ds->calls_total = gd_rpc_calls_total(d->rpc);
     ds->calls_failed = gd_rpc_calls_failed(d->rpc);
     ds->config_reloads = d->reloads;
+    ds->replays_dropped = d->replays_dropped;
+    ds->clients_disconnected = d->clients_disconnected;
     size_t n = gd_settings_count < 64 ? gd_settings_count : 64;
     for (size_t i = 0; i < n; i++) {
         graphd__v1__config_entry__init(&sec->entries[i]);
