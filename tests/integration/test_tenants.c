@@ -670,7 +670,7 @@ static void limits_answer_with_their_setting(void **state)
     graphd_close(root);
 }
 
-/* graphctl run by another uid (setpriv, no account needed): it sees its own only and cannot
+/* graphctl run by uid 4105 (setpriv, no account needed): it sees its own only and cannot
  * delete root's pool; root's graphctl sees that uid's pool. */
 static void graphctl_as_another_uid(void **state)
 {
@@ -680,27 +680,27 @@ static void graphctl_as_another_uid(void **state)
     assert_int_equal(graphd_pool_create(root, "t-root", NULL, 0, NULL), GRAPHD_OK);
     char graphctl[512], out[16384], err[4096];
     snprintf(graphctl, sizeof(graphctl), "%s/graphctl", harness_build_dir());
-    const char *del[] = {"/usr/bin/setpriv", "--reuid=4102", "--regid=4102", "--clear-groups",
+    const char *del[] = {"/usr/bin/setpriv", "--reuid=4105", "--regid=4105", "--clear-groups",
                          graphctl, "--address", fx->f.h.address, "pool", "delete", "t-root",
                          NULL};
     int rc = harness_run(del, out, sizeof(out), err, sizeof(err), 10000);
     if (rc != 1 || strstr(err, "PERMISSION_DENIED") == NULL || strstr(err, "belongs to uid 0") == NULL)
-        fail_msg("graphctl pool delete as uid 4102: exit %d: %s", rc, err);
-    const char *mk[] = {"/usr/bin/setpriv", "--reuid=4102", "--regid=4102", "--clear-groups",
+        fail_msg("graphctl pool delete as uid 4105: exit %d: %s", rc, err);
+    const char *mk[] = {"/usr/bin/setpriv", "--reuid=4105", "--regid=4105", "--clear-groups",
                         graphctl, "--address", fx->f.h.address, "pool", "create", "t-b-ctl",
                         "--mode", "public", NULL};
     if (harness_run(mk, out, sizeof(out), err, sizeof(err), 10000) != 0)
-        fail_msg("graphctl pool create as uid 4102: %s", err);
-    assert_non_null(strstr(out, "uid 4102"));
-    const char *st[] = {"/usr/bin/setpriv", "--reuid=4102", "--regid=4102", "--clear-groups",
+        fail_msg("graphctl pool create as uid 4105: %s", err);
+    assert_non_null(strstr(out, "uid 4105"));
+    const char *st[] = {"/usr/bin/setpriv", "--reuid=4105", "--regid=4105", "--clear-groups",
                         graphctl, "--address", fx->f.h.address, "--json", "status", NULL};
     if (harness_run(st, out, sizeof(out), err, sizeof(err), 10000) != 0)
-        fail_msg("graphctl status as uid 4102: %s", err);
+        fail_msg("graphctl status as uid 4105: %s", err);
     json_t *js = json_loads(out, 0, NULL);
     assert_non_null(js);
     json_t *sessions = json_object_get(js, "sessions");
     assert_int_equal(json_array_size(sessions), 1); /* graphctl's own */
-    assert_int_equal(harness_int(json_array_get(sessions, 0), "uid"), 4102);
+    assert_int_equal(harness_int(json_array_get(sessions, 0), "uid"), 4105);
     assert_null(harness_find(json_object_get(js, "pools"), "name", "t-root"));
     assert_non_null(harness_find(json_object_get(js, "pools"), "name", "t-b-ctl"));
     assert_true(harness_int(json_object_get(js, "others"), "sessions") >= 1); /* root's */
@@ -708,7 +708,7 @@ static void graphctl_as_another_uid(void **state)
     js = harness_status(root);
     json_t *p = harness_find(json_object_get(js, "pools"), "name", "t-b-ctl");
     assert_non_null(p);
-    assert_int_equal(harness_int(p, "owner_uid"), 4102);
+    assert_int_equal(harness_int(p, "owner_uid"), 4105);
     json_decref(js);
     assert_int_equal(graphd_pool_delete(root, "t-b-ctl"), GRAPHD_OK); /* an admin may */
     assert_int_equal(graphd_pool_delete(root, "t-root"), GRAPHD_OK);
