@@ -35,10 +35,27 @@
 #include "graphd_frame.h"
 
 #define M(name) "/graphd.v1.Graphd/" name
-#define UID_A 4101 /* tenant A, gid 4101 */
-#define UID_B 4102 /* tenant B, gid 4102 */
-#define UID_C 4103 /* tenant C, gid 4101: A's group */
-#define UID_LIMITS 4104
+/* Each test's tenants have uids of their own (next_uids), so that one test's failure, which
+ * leaves its sessions open, cannot use up another's max_sessions_per_uid. */
+static uid_t UID_A; /* tenant A, gid UID_A */
+static uid_t UID_B; /* tenant B, gid UID_B */
+static uid_t UID_C; /* tenant C, gid UID_A: A's group */
+static uid_t UID_LIMITS;
+static char uid_a_words[64], uid_a_private[64];
+
+static int next_uids(void **state)
+{
+    static uid_t base = 4100;
+    (void)state;
+    base += 10;
+    UID_A = base + 1;
+    UID_B = base + 2;
+    UID_C = base + 3;
+    UID_LIMITS = base + 4;
+    snprintf(uid_a_words, sizeof(uid_a_words), "belongs to uid %u", (unsigned)UID_A);
+    snprintf(uid_a_private, sizeof(uid_a_private), "private to uid %u", (unsigned)UID_A);
+    return 0;
+}
 #define GRPC_OK 0
 #define GRPC_INVALID_ARGUMENT 3
 #define GRPC_NOT_FOUND 5
@@ -390,17 +407,17 @@ static void pools_have_owners_and_modes(void **state)
 
     /* B can neither squat, delete nor use A's private pool, nor touch the daemon's. */
     expect_code(create_pool(fx, &b, "t-a-priv", NULL, 0, 0), GRPC_ALREADY_EXISTS, NULL);
-    expect_code(delete_pool(fx, &b, "t-a-priv"), GRPC_PERMISSION_DENIED, "belongs to uid 4101");
+    expect_code(delete_pool(fx, &b, "t-a-priv"), GRPC_PERMISSION_DENIED, uid_a_words);
     expect_code(delete_pool(fx, &b, "t-a-pub"), GRPC_PERMISSION_DENIED, "only its owner or an admin");
     expect_code(delete_pool(fx, &b, "default"), GRPC_PERMISSION_DENIED, "default pool");
     expect_code(alloc_region(fx, &b, "t-a-priv", NULL), GRPC_PERMISSION_DENIED,
-                "private to uid 4101");
+                uid_a_private);
     expect_code(alloc_region(fx, &b, "t-a-group", NULL), GRPC_PERMISSION_DENIED, "group pool");
     uint64_t mid = 0;
     int reused = 0;
     expect_code(register_mlp(fx, &b, &mid, &reused), GRPC_OK, NULL);
     expect_code(capture(fx, &b, mid, 1, "t-a-priv", NULL), GRPC_PERMISSION_DENIED,
-                "private to uid 4101");
+                uid_a_private);
     /* ... but may use the public one and the default; C (A's gid) the group one. */
     uint64_t rb = 0, rc_ = 0;
     expect_code(alloc_region(fx, &b, "t-a-pub", &rb), GRPC_OK, NULL);
@@ -758,13 +775,13 @@ static int group_teardown(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(pools_have_owners_and_modes),
-        cmocka_unit_test(objects_stay_with_their_session),
-        cmocka_unit_test(status_shows_a_tenant_its_own),
-        cmocka_unit_test(module_cache_is_per_uid),
-        cmocka_unit_test(pool_goes_with_its_session_on_cpu1),
-        cmocka_unit_test(limits_answer_with_their_setting),
-        cmocka_unit_test(graphctl_as_another_uid),
+        cmocka_unit_test_setup(pools_have_owners_and_modes, next_uids),
+        cmocka_unit_test_setup(objects_stay_with_their_session, next_uids),
+        cmocka_unit_test_setup(status_shows_a_tenant_its_own, next_uids),
+        cmocka_unit_test_setup(module_cache_is_per_uid, next_uids),
+        cmocka_unit_test_setup(pool_goes_with_its_session_on_cpu1, next_uids),
+        cmocka_unit_test_setup(limits_answer_with_their_setting, next_uids),
+        cmocka_unit_test_setup(graphctl_as_another_uid, next_uids),
     };
     return cmocka_run_group_tests_name("tenants", tests, group_setup, group_teardown);
 }
