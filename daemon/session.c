@@ -113,8 +113,8 @@ static void on_attach(gd_conn_t *c, const graphd_frame_t *f)
                  "uid %u already has %u sessions attached (max_sessions_per_uid = %llu): end "
                  "one first",
                  (unsigned)cred.uid, held, (unsigned long long)d->cfg.max_sessions_per_uid);
-        gd_warn("session %llu (%s, pid %d): %s", (unsigned long long)s->id, s->name,
-                (int)cred.pid, msg);
+        gd_warn("session %llu (%s, pid %d): %s", (unsigned long long)s->id, s->name, (int)cred.pid,
+                msg);
         reply(c, f, GD_RESOURCE_EXHAUSTED, 0, msg, -1);
         conn_close(c);
         gd_session_end(d, s, "refused at attach: max_sessions_per_uid");

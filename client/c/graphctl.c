@@ -777,14 +777,10 @@ static int cmd_pool_delete(graphd_client_t *c, const opts_t *o, const char *name
 int main(int argc, char **argv)
 {
     static const struct option longopts[] = {
-        {"address", required_argument, NULL, 'a'},
-        {"json", no_argument, NULL, 'j'},
-        {"device", required_argument, NULL, 'd'},
-        {"limit", required_argument, NULL, 'l'},
-        {"mode", required_argument, NULL, 'm'},
-        {"help", no_argument, NULL, 'h'},
-        {"version", no_argument, NULL, 'V'},
-        {NULL, 0, NULL, 0},
+        {"address", required_argument, NULL, 'a'}, {"json", no_argument, NULL, 'j'},
+        {"device", required_argument, NULL, 'd'},  {"limit", required_argument, NULL, 'l'},
+        {"mode", required_argument, NULL, 'm'},    {"help", no_argument, NULL, 'h'},
+        {"version", no_argument, NULL, 'V'},       {NULL, 0, NULL, 0},
     };
     opts_t o = {0};
     int opt;
@@ -868,8 +864,10 @@ int main(int argc, char **argv)
     if (which != DEVICES) {
         rc = graphd_hello(c, "graphctl");
         if (rc != GRAPHD_OK && (rc == GRAPHD_EUNAVAILABLE || (which != STATUS && which != POOLS))) {
-            status = fail(c, which == CREATE ? "pool create" : which == DELETE ? "pool delete"
-                                                                              : "session",
+            status = fail(c,
+                          which == CREATE   ? "pool create"
+                          : which == DELETE ? "pool delete"
+                                            : "session",
                           rc);
             graphd_close(c);
             return status;

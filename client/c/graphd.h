@@ -287,8 +287,8 @@ uint64_t graphd_region_mapped_size(const graphd_region_t *r);
  * "daemon", "devices", "pools", "sessions" and any later section, field
  * names as in graphd.proto; as the open session may see it (an admin's: all;
  * a tenant's: its uid's sessions and graphs and the pools it may use, the
- * rest counted in "others"; without a session: counts only); repeated *Entry messages (daemon.config) become
- * objects keyed by name. Two-call: with buf NULL, *len gets the bytes needed
+ * rest counted in "others"; without a session: counts only); repeated *Entry messages
+ * (daemon.config) become objects keyed by name. Two-call: with buf NULL, *len gets the bytes needed
  * (NUL included) and GRAPHD_OK; with buf too small, the same and
  * GRAPHD_ETRUNC. Each call asks the daemon anew, so the size may grow in
  * between: retry on GRAPHD_ETRUNC.

@@ -94,8 +94,8 @@ static int call(const fixture_t *fx, const char *method, const ProtobufCMessage 
     uint8_t *reply = malloc(cap);
     assert_non_null(reply);
     details[0] = '\0';
-    int rc = harness_raw_call(fx->f.h.address, method, buf, n, details, sizeof(details), reply,
-                              &len);
+    int rc =
+        harness_raw_call(fx->f.h.address, method, buf, n, details, sizeof(details), reply, &len);
     free(buf);
     if (out != NULL) {
         *out = NULL;
@@ -140,8 +140,10 @@ static int connect_as(const char *path, uid_t uid, gid_t gid)
         char control[CMSG_SPACE(sizeof(int))] = {0};
         char one = 1;
         struct iovec iov = {.iov_base = &one, .iov_len = 1};
-        struct msghdr msg = {
-            .msg_iov = &iov, .msg_iovlen = 1, .msg_control = control, .msg_controllen = sizeof(control)};
+        struct msghdr msg = {.msg_iov = &iov,
+                             .msg_iovlen = 1,
+                             .msg_control = control,
+                             .msg_controllen = sizeof(control)};
         struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
         cm->cmsg_level = SOL_SOCKET;
         cm->cmsg_type = SCM_RIGHTS;
@@ -157,8 +159,10 @@ static int connect_as(const char *path, uid_t uid, gid_t gid)
     char control[CMSG_SPACE(sizeof(int))];
     char one;
     struct iovec iov = {.iov_base = &one, .iov_len = 1};
-    struct msghdr msg = {
-        .msg_iov = &iov, .msg_iovlen = 1, .msg_control = control, .msg_controllen = sizeof(control)};
+    struct msghdr msg = {.msg_iov = &iov,
+                         .msg_iovlen = 1,
+                         .msg_control = control,
+                         .msg_controllen = sizeof(control)};
     assert_int_equal(recvmsg(sp[0], &msg, 0), 1);
     struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
     assert_non_null(cm);
@@ -214,10 +218,11 @@ static Graphd__V1__SessionRef ref_of(const tenant_t *t)
     return r;
 }
 
-static int create_pool(const fixture_t *fx, const tenant_t *t, const char *name,
-                       const char *device, Graphd__V1__PoolMode mode, int with_session)
+static int create_pool(const fixture_t *fx, const tenant_t *t, const char *name, const char *device,
+                       Graphd__V1__PoolMode mode, int with_session)
 {
-    Graphd__V1__SessionRef r = t ? ref_of(t) : (Graphd__V1__SessionRef)GRAPHD__V1__SESSION_REF__INIT;
+    Graphd__V1__SessionRef r =
+        t ? ref_of(t) : (Graphd__V1__SessionRef)GRAPHD__V1__SESSION_REF__INIT;
     Graphd__V1__CreatePoolRequest req = GRAPHD__V1__CREATE_POOL_REQUEST__INIT;
     req.name = (char *)name;
     req.device = (char *)(device ? device : "");
@@ -286,8 +291,8 @@ static int register_mlp(const fixture_t *fx, const tenant_t *t, uint64_t *id, in
 }
 
 /* Captures n graphs of module mid (mlp: x of 16x16) in pool; *gid gets the first graph. */
-static int capture(const fixture_t *fx, const tenant_t *t, uint64_t mid, size_t n,
-                   const char *pool, uint64_t *gid)
+static int capture(const fixture_t *fx, const tenant_t *t, uint64_t mid, size_t n, const char *pool,
+                   uint64_t *gid)
 {
     Graphd__V1__SessionRef r = ref_of(t);
     int64_t shape[2] = {16, 16};
@@ -337,7 +342,8 @@ static int frame(tenant_t *t, uint16_t type, uint64_t id)
 /* Status as t (NULL: anonymous). Free with protobuf_c_message_free_unpacked. */
 static Graphd__V1__StatusReply *status_as(const fixture_t *fx, const tenant_t *t)
 {
-    Graphd__V1__SessionRef r = t ? ref_of(t) : (Graphd__V1__SessionRef)GRAPHD__V1__SESSION_REF__INIT;
+    Graphd__V1__SessionRef r =
+        t ? ref_of(t) : (Graphd__V1__SessionRef)GRAPHD__V1__SESSION_REF__INIT;
     Graphd__V1__StatusRequest req = GRAPHD__V1__STATUS_REQUEST__INIT;
     req.session = t ? &r : NULL;
     Graphd__V1__StatusReply *rep;
@@ -349,7 +355,8 @@ static Graphd__V1__StatusReply *status_as(const fixture_t *fx, const tenant_t *t
 
 static Graphd__V1__ListPoolsReply *pools_as(const fixture_t *fx, const tenant_t *t)
 {
-    Graphd__V1__SessionRef r = t ? ref_of(t) : (Graphd__V1__SessionRef)GRAPHD__V1__SESSION_REF__INIT;
+    Graphd__V1__SessionRef r =
+        t ? ref_of(t) : (Graphd__V1__SessionRef)GRAPHD__V1__SESSION_REF__INIT;
     Graphd__V1__ListPoolsRequest req = GRAPHD__V1__LIST_POOLS_REQUEST__INIT;
     req.session = t ? &r : NULL;
     Graphd__V1__ListPoolsReply *rep;
@@ -367,8 +374,7 @@ static const Graphd__V1__Pool *find_pool(Graphd__V1__Pool **pools, size_t n, con
     return NULL;
 }
 
-static const Graphd__V1__SessionStatus *find_session(const Graphd__V1__StatusReply *st,
-                                                     uint64_t id)
+static const Graphd__V1__SessionStatus *find_session(const Graphd__V1__StatusReply *st, uint64_t id)
 {
     for (size_t i = 0; i < st->n_sessions; i++)
         if (st->sessions[i]->id == id)
@@ -408,16 +414,15 @@ static void pools_have_owners_and_modes(void **state)
     /* B can neither squat, delete nor use A's private pool, nor touch the daemon's. */
     expect_code(create_pool(fx, &b, "t-a-priv", NULL, 0, 0), GRPC_ALREADY_EXISTS, NULL);
     expect_code(delete_pool(fx, &b, "t-a-priv"), GRPC_PERMISSION_DENIED, uid_a_words);
-    expect_code(delete_pool(fx, &b, "t-a-pub"), GRPC_PERMISSION_DENIED, "only its owner or an admin");
+    expect_code(delete_pool(fx, &b, "t-a-pub"), GRPC_PERMISSION_DENIED,
+                "only its owner or an admin");
     expect_code(delete_pool(fx, &b, "default"), GRPC_PERMISSION_DENIED, "default pool");
-    expect_code(alloc_region(fx, &b, "t-a-priv", NULL), GRPC_PERMISSION_DENIED,
-                uid_a_private);
+    expect_code(alloc_region(fx, &b, "t-a-priv", NULL), GRPC_PERMISSION_DENIED, uid_a_private);
     expect_code(alloc_region(fx, &b, "t-a-group", NULL), GRPC_PERMISSION_DENIED, "group pool");
     uint64_t mid = 0;
     int reused = 0;
     expect_code(register_mlp(fx, &b, &mid, &reused), GRPC_OK, NULL);
-    expect_code(capture(fx, &b, mid, 1, "t-a-priv", NULL), GRPC_PERMISSION_DENIED,
-                uid_a_private);
+    expect_code(capture(fx, &b, mid, 1, "t-a-priv", NULL), GRPC_PERMISSION_DENIED, uid_a_private);
     /* ... but may use the public one and the default; C (A's gid) the group one. */
     uint64_t rb = 0, rc_ = 0;
     expect_code(alloc_region(fx, &b, "t-a-pub", &rb), GRPC_OK, NULL);
@@ -697,20 +702,32 @@ static void graphctl_as_another_uid(void **state)
     assert_int_equal(graphd_pool_create(root, "t-root", NULL, 0, NULL), GRAPHD_OK);
     char graphctl[512], out[16384], err[4096];
     snprintf(graphctl, sizeof(graphctl), "%s/graphctl", harness_build_dir());
-    const char *del[] = {"/usr/bin/setpriv", "--reuid=4105", "--regid=4105", "--clear-groups",
-                         graphctl, "--address", fx->f.h.address, "pool", "delete", "t-root",
-                         NULL};
+    const char *del[] = {
+        "/usr/bin/setpriv", "--reuid=4105", "--regid=4105", "--clear-groups", graphctl, "--address",
+        fx->f.h.address,    "pool",         "delete",       "t-root",         NULL};
     int rc = harness_run(del, out, sizeof(out), err, sizeof(err), 10000);
-    if (rc != 1 || strstr(err, "PERMISSION_DENIED") == NULL || strstr(err, "belongs to uid 0") == NULL)
+    if (rc != 1 || strstr(err, "PERMISSION_DENIED") == NULL ||
+        strstr(err, "belongs to uid 0") == NULL)
         fail_msg("graphctl pool delete as uid 4105: exit %d: %s", rc, err);
-    const char *mk[] = {"/usr/bin/setpriv", "--reuid=4105", "--regid=4105", "--clear-groups",
-                        graphctl, "--address", fx->f.h.address, "pool", "create", "t-b-ctl",
-                        "--mode", "public", NULL};
+    const char *mk[] = {"/usr/bin/setpriv",
+                        "--reuid=4105",
+                        "--regid=4105",
+                        "--clear-groups",
+                        graphctl,
+                        "--address",
+                        fx->f.h.address,
+                        "pool",
+                        "create",
+                        "t-b-ctl",
+                        "--mode",
+                        "public",
+                        NULL};
     if (harness_run(mk, out, sizeof(out), err, sizeof(err), 10000) != 0)
         fail_msg("graphctl pool create as uid 4105: %s", err);
     assert_non_null(strstr(out, "uid 4105"));
-    const char *st[] = {"/usr/bin/setpriv", "--reuid=4105", "--regid=4105", "--clear-groups",
-                        graphctl, "--address", fx->f.h.address, "--json", "status", NULL};
+    const char *st[] = {
+        "/usr/bin/setpriv", "--reuid=4105",  "--regid=4105", "--clear-groups", graphctl,
+        "--address",        fx->f.h.address, "--json",       "status",         NULL};
     if (harness_run(st, out, sizeof(out), err, sizeof(err), 10000) != 0)
         fail_msg("graphctl status as uid 4105: %s", err);
     json_t *js = json_loads(out, 0, NULL);
