@@ -21,6 +21,7 @@ typedef struct {
     gd_rpool_t *rpool; /* set on the worker in step 1 */
     size_t n;
     gd_module_t *mods[MAX_CALLABLES];
+    uint32_t reserved; /* graphs counted in the session's capturing (max_graphs_per_session) */
     gr_callable_spec_t specs[MAX_CALLABLES];
     gr_arg_spec_t *args;
     gr_capture_opts_t opts;
@@ -44,6 +45,9 @@ typedef struct {
 
 static void capture_op_free(gd_daemon_t *d, capture_op_t *op)
 {
+    gd_session_t *s = op->reserved ? gd_session_find(d, op->session) : NULL;
+    if (s != NULL)
+        s->capturing -= op->reserved;
     for (size_t i = 0; i < op->n; i++)
         if (op->mods[i])
             gd_module_unref(d, op->mods[i]);
@@ -484,6 +488,28 @@ void gd_rpc_capture(void *ctx, gd_call_t *call, const ProtobufCMessage *msg)
         gd_call_fail(call, GD_NOT_FOUND, "no pool named '%.64s'", pool_name);
         return;
     }
+    if (!gd_pool_use_check(call, s, pool))
+        return;
+    uint64_t graphs = (uint64_t)s->graphs + s->capturing + req->n_callables;
+    if (graphs > d->cfg.max_graphs_per_session) {
+        gd_call_fail(call, GD_RESOURCE_EXHAUSTED,
+                     "session %llu would hold %llu graphs (max_graphs_per_session = %llu): "
+                     "release some first",
+                     (unsigned long long)s->id, (unsigned long long)graphs,
+                     (unsigned long long)d->cfg.max_graphs_per_session);
+        return;
+    }
+    pm_usage_t held;
+    pm_owner_usage(d->pools, s->id, &held);
+    uint64_t regions = (uint64_t)held.regions + s->capturing + req->n_callables;
+    if (regions > d->cfg.max_regions_per_session) {
+        gd_call_fail(call, GD_RESOURCE_EXHAUSTED,
+                     "session %llu would hold %llu regions with this capture's static regions "
+                     "(max_regions_per_session = %llu): free some first",
+                     (unsigned long long)s->id, (unsigned long long)regions,
+                     (unsigned long long)d->cfg.max_regions_per_session);
+        return;
+    }
     pm_pool_info_t pinfo;
     pm_pool_info(pool, &pinfo);
     if (req->device_resident && strncmp(pinfo.device, "cuda:", 5) != 0) {
@@ -556,6 +582,8 @@ void gd_rpc_capture(void *ctx, gd_call_t *call, const ProtobufCMessage *msg)
     op->job.session = s->id; /* every step in the session's queue (worker.h) */
     op->pool = gp;
     op->t0 = gd_now_ns();
+    op->reserved = (uint32_t)op->n;
+    s->capturing += op->reserved;
     op->job.run = capture_prepare_run;
     op->job.done = capture_prepare_done;
     gd_worker_submit(w, &op->job);

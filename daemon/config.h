@@ -27,6 +27,10 @@ typedef struct gd_config {
     uint64_t default_pool_limit;
     char *default_pool;
     uint64_t max_sessions;
+    uint64_t max_sessions_per_uid;
+    uint64_t max_pools_per_uid;
+    uint64_t max_graphs_per_session;
+    uint64_t max_regions_per_session;
     uint64_t attach_timeout_ms;
     uint64_t shutdown_grace_ms;
     uint64_t inline_module_max_bytes;

@@ -52,6 +52,7 @@ typedef struct gd_session {
     uint64_t created_mono_ms;
     gd_conn_t *conn; /* the attached session-socket connection, or NULL */
     uint32_t graphs, modules;
+    uint32_t capturing; /* graphs of captures in flight, counted against max_graphs_per_session */
     uint64_t replays;
     gd_order_t *orders; /* per CUDA device, events and sequence counters (events.c) */
     struct gd_session *next;
@@ -142,9 +143,12 @@ void gd_replay_frame(gd_daemon_t *d, gd_session_t *s, gd_wire_t *wire, const gra
 gd_worker_t *gd_worker_for(gd_daemon_t *d, const char *device);
 /* Whether a pool holds graphs (it cannot be deleted then), and forgetting a deleted pool. */
 void gd_graphs_pool_deleted(gd_daemon_t *d, const char *pool);
-/* Status sections for graphs and per-pool graph figures (graphd.pb-c.h types; status.c). */
+/* Status sections for graphs and per-pool graph figures (graphd.pb-c.h types; status.c): the
+ * graphs viewer may see (gd_sees_session of their session; NULL: none), the others counted in
+ * rep->others. */
 struct Graphd__V1__StatusReply;
-void gd_graphs_status(gd_daemon_t *d, struct Graphd__V1__StatusReply *rep);
+void gd_graphs_status(gd_daemon_t *d, const gd_session_t *viewer,
+                      struct Graphd__V1__StatusReply *rep);
 void gd_graphs_status_free(struct Graphd__V1__StatusReply *rep);
 /* A pool's graph figures without latency (graphs, replays, graph mempool bytes), for ListPools;
  * left as they are for a pool that has held no graph. */
@@ -196,12 +200,14 @@ int gd_socket_prepare(const char *path);
 void gd_socket_permissions(const gd_daemon_t *d, const char *path);
 
 /* status.c: the messages for devices and pools. gd_status_devices fills storage (d->ndevices
- * entries) and returns the list (free it); gd_status_pools returns every pool, *n the count
- * (free with gd_status_pools_free). */
+ * entries) and returns the list (free it); gd_status_pools returns the pools viewer may use
+ * (gd_may_use_pool; NULL: none), *n the count, *hidden how many it left out (free with
+ * gd_status_pools_free). */
 struct Graphd__V1__Device;
 struct Graphd__V1__Device **gd_status_devices(gd_daemon_t *d, struct Graphd__V1__Device *storage);
 void gd_status_pool(struct Graphd__V1__Pool *m, const pm_pool_t *p);
-struct Graphd__V1__Pool **gd_status_pools(gd_daemon_t *d, size_t *n);
+struct Graphd__V1__Pool **gd_status_pools(gd_daemon_t *d, const gd_session_t *viewer, size_t *n,
+                                          uint32_t *hidden);
 void gd_status_pools_free(struct Graphd__V1__Pool **list, size_t n);
 void gd_rpc_status(void *ctx, gd_call_t *call, const ProtobufCMessage *req);
 
@@ -216,6 +222,34 @@ gd_session_t *gd_session_of(gd_daemon_t *d, gd_call_t *call,
  * attached: it has no owner yet and may only attach. For every session call but Goodbye. */
 gd_session_t *gd_attached_session_of(gd_daemon_t *d, gd_call_t *call,
                                      const struct Graphd__V1__SessionRef *ref, const char *what);
+
+/* Status and ListPools: the caller's session when the request names one (it must be attached),
+ * else *out NULL (an anonymous caller). false when the call failed. */
+bool gd_viewer_of(gd_daemon_t *d, gd_call_t *call, const struct Graphd__V1__SessionRef *ref,
+                  gd_session_t **out);
+
+/* tenants.c: ownership and visibility (docs/PROTOCOL.md). An admin is an attached session of uid
+ * 0 or of the daemon's uid. */
+bool gd_is_admin(const gd_session_t *s);
+/* Whether s may allocate regions and capture in p (its mode, or s is an admin). */
+bool gd_may_use_pool(const gd_session_t *s, const pm_pool_t *p);
+/* Whether viewer (NULL: anonymous) sees session s in full: an admin, or the same uid. */
+bool gd_sees_session(const gd_session_t *viewer, const gd_session_t *s);
+/* gd_may_use_pool, else fails the call with PERMISSION_DENIED naming the pool's owner and mode. */
+bool gd_pool_use_check(gd_call_t *call, const gd_session_t *s, const pm_pool_t *p);
+/* Whether s owns p or is an admin, else fails the call (PERMISSION_DENIED); what: "delete". */
+bool gd_pool_owner_check(gd_call_t *call, const gd_session_t *s, const pm_pool_t *p,
+                         const char *what);
+/* A wire PoolMode as pm_mode_t (unspecified: private); -1 for an unknown value. */
+int gd_pool_mode_from_wire(int wire);
+const char *gd_pool_mode_name(int mode);
+/* Attached sessions of uid; pools owned by uid (the default pool not counted). */
+uint32_t gd_uid_sessions(const gd_daemon_t *d, uid_t uid);
+uint32_t gd_uid_pools(const gd_daemon_t *d, uid_t uid);
+/* Deletes an empty pool and forgets its graph state: pm_pool_delete's code. */
+int gd_pool_delete(gd_daemon_t *d, const char *name);
+/* Deletes the pools whose session (pm_pool_owner_t.session) has ended and that are empty. */
+void gd_pools_session_ended(gd_daemon_t *d);
 
 /* RPC handlers in modules.c, capture.c, replay.c and lifetime.c */
 void gd_rpc_register_module(void *ctx, gd_call_t *call, const ProtobufCMessage *req);

@@ -109,14 +109,45 @@ static void list_devices(void *ctx, gd_call_t *call, const ProtobufCMessage *msg
     free(rep.devices);
 }
 
+/* CreatePool and DeletePool act for an owner: an attached session (a call without one is
+ * FAILED_PRECONDITION; graphctl and the clients open one). */
+static gd_session_t *pool_session(gd_daemon_t *d, gd_call_t *call,
+                                  const Graphd__V1__SessionRef *ref, const char *what)
+{
+    if (ref == NULL || ref->id == 0) {
+        gd_call_fail(call, GD_FAILED_PRECONDITION,
+                     "%s needs an attached session: pools belong to its uid (call Hello, attach "
+                     "the session socket and pass the session)",
+                     what);
+        return NULL;
+    }
+    return gd_attached_session_of(d, call, ref, what);
+}
+
 static void create_pool(void *ctx, gd_call_t *call, const ProtobufCMessage *msg)
 {
     gd_daemon_t *d = ctx;
     const Graphd__V1__CreatePoolRequest *req = (const void *)msg;
+    gd_session_t *s = pool_session(d, call, req->session, "creating a pool");
+    if (s == NULL)
+        return;
     const char *devname = req->device[0] ? req->device : "cpu:0";
     const gd_device_t *dev = gd_device_find(d, devname);
     if (dev == NULL) {
         gd_call_fail(call, GD_NOT_FOUND, "no device '%.64s' (see ListDevices)", devname);
+        return;
+    }
+    int mode = gd_pool_mode_from_wire((int)req->mode);
+    if (mode < 0) {
+        gd_call_fail(call, GD_INVALID_ARGUMENT,
+                     "unknown pool mode %d (PRIVATE 1, GROUP 2 or PUBLIC 3)", (int)req->mode);
+        return;
+    }
+    uint32_t owned = gd_uid_pools(d, s->uid);
+    if (owned >= d->cfg.max_pools_per_uid) {
+        gd_call_fail(call, GD_RESOURCE_EXHAUSTED,
+                     "uid %u owns %u pools (max_pools_per_uid = %llu): delete one first",
+                     (unsigned)s->uid, owned, (unsigned long long)d->cfg.max_pools_per_uid);
         return;
     }
     uint64_t limit = req->limit_bytes ? req->limit_bytes : d->cfg.default_pool_limit;
@@ -132,7 +163,12 @@ static void create_pool(void *ctx, gd_call_t *call, const ProtobufCMessage *msg)
             gd_call_fail(call, pm_err_grpc(rc), "cannot create pool: %s", pm_strerror(rc));
         return;
     }
-    gd_info("pool %s created on %s (limit %llu bytes)", req->name, dev->id,
+    pm_pool_owner_t owner = {(uint32_t)s->uid, (uint32_t)s->gid, mode,
+                             req->delete_with_session ? s->id : 0};
+    pm_pool_set_owner(p, &owner);
+    gd_info("pool %s created on %s by uid %u (%s%s, limit %llu bytes)", req->name, dev->id,
+            (unsigned)s->uid, gd_pool_mode_name(mode),
+            req->delete_with_session ? ", deleted with its session" : "",
             (unsigned long long)limit);
     Graphd__V1__Pool pool;
     gd_status_pool(&pool, p);
@@ -145,17 +181,23 @@ static void delete_pool(void *ctx, gd_call_t *call, const ProtobufCMessage *msg)
 {
     gd_daemon_t *d = ctx;
     const Graphd__V1__DeletePoolRequest *req = (const void *)msg;
+    gd_session_t *s = pool_session(d, call, req->session, "deleting a pool");
+    if (s == NULL)
+        return;
     if (d->cfg.default_pool[0] != '\0' && strcmp(req->name, d->cfg.default_pool) == 0) {
         /* else any client could delete it and re-make it with a tiny limit */
         gd_call_fail(call, GD_PERMISSION_DENIED,
                      "pool '%s' is the daemon's default pool and cannot be deleted", req->name);
         return;
     }
-    int rc = pm_pool_delete(d->pools, req->name);
-    if (rc == PM_ENOENT) {
+    pm_pool_t *p = pm_pool_find(d->pools, req->name);
+    if (p == NULL) {
         gd_call_fail(call, GD_NOT_FOUND, "no pool named '%.64s'", req->name);
         return;
     }
+    if (!gd_pool_owner_check(call, s, p, "delete"))
+        return;
+    int rc = gd_pool_delete(d, req->name);
     if (rc == PM_EBUSY) {
         gd_call_fail(call, GD_FAILED_PRECONDITION, "pool '%s' still holds regions", req->name);
         return;
@@ -164,18 +206,29 @@ static void delete_pool(void *ctx, gd_call_t *call, const ProtobufCMessage *msg)
         gd_call_fail(call, pm_err_grpc(rc), "cannot delete pool: %s", pm_strerror(rc));
         return;
     }
-    gd_graphs_pool_deleted(d, req->name);
-    gd_info("pool %s deleted", req->name);
     Graphd__V1__DeletePoolReply rep = GRAPHD__V1__DELETE_POOL_REPLY__INIT;
     gd_call_reply(call, &rep.base);
+}
+
+bool gd_viewer_of(gd_daemon_t *d, gd_call_t *call, const Graphd__V1__SessionRef *ref,
+                  gd_session_t **out)
+{
+    *out = NULL;
+    if (ref == NULL || ref->id == 0)
+        return true; /* anonymous: counts only */
+    *out = gd_attached_session_of(d, call, ref, "asking as a session");
+    return *out != NULL;
 }
 
 static void list_pools(void *ctx, gd_call_t *call, const ProtobufCMessage *msg)
 {
     gd_daemon_t *d = ctx;
-    (void)msg;
+    const Graphd__V1__ListPoolsRequest *req = (const void *)msg;
+    gd_session_t *viewer;
+    if (!gd_viewer_of(d, call, req->session, &viewer))
+        return;
     Graphd__V1__ListPoolsReply rep = GRAPHD__V1__LIST_POOLS_REPLY__INIT;
-    rep.pools = gd_status_pools(d, &rep.n_pools);
+    rep.pools = gd_status_pools(d, viewer, &rep.n_pools, &rep.hidden);
     for (size_t i = 0; i < rep.n_pools; i++)
         gd_graphs_pool_fill(d, rep.pools[i]);
     gd_call_reply(call, &rep.base);
@@ -336,8 +389,20 @@ static void alloc_region(void *ctx, gd_call_t *call, const ProtobufCMessage *msg
         gd_call_fail(call, GD_NOT_FOUND, "no pool named '%.64s'", name);
         return;
     }
+    if (!gd_pool_use_check(call, s, p))
+        return;
     if (req->size == 0) {
         gd_call_fail(call, GD_INVALID_ARGUMENT, "region size must be greater than 0");
+        return;
+    }
+    pm_usage_t held;
+    pm_owner_usage(d->pools, s->id, &held);
+    if (held.regions >= d->cfg.max_regions_per_session) {
+        gd_call_fail(call, GD_RESOURCE_EXHAUSTED,
+                     "session %llu holds %u regions (max_regions_per_session = %llu): free one "
+                     "first",
+                     (unsigned long long)s->id, held.regions,
+                     (unsigned long long)d->cfg.max_regions_per_session);
         return;
     }
     if (req->size > d->cfg.max_region_bytes) {

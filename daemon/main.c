@@ -213,8 +213,13 @@ static int start(gd_daemon_t *d)
     if (gd_graphs_start(d) != 0)
         return -1;
     if (d->cfg.default_pool[0]) {
+        /* The daemon's own, public: every session may use it, none but an admin owns it. */
+        pm_pool_t *p = NULL;
+        pm_pool_owner_t owner = {(uint32_t)geteuid(), (uint32_t)getegid(), PM_MODE_PUBLIC, 0};
         int rc =
-            pm_pool_create(d->pools, d->cfg.default_pool, "cpu:0", d->cfg.default_pool_limit, NULL);
+            pm_pool_create(d->pools, d->cfg.default_pool, "cpu:0", d->cfg.default_pool_limit, &p);
+        if (rc == PM_OK)
+            rc = pm_pool_set_owner(p, &owner);
         if (rc != PM_OK) {
             gd_error("default_pool '%s': %s", d->cfg.default_pool, pm_strerror(rc));
             return -1;

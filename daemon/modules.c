@@ -16,6 +16,7 @@ typedef struct {
     gd_daemon_t *d;
     gd_call_t *call;
     uint64_t session;
+    uid_t uid; /* the module cache's key: one uid never gets another's module object */
     char name[GD_NAME_MAX + 1];
     const void *bytes;
     size_t len;
@@ -32,7 +33,7 @@ typedef struct {
 static void load_run(uv_work_t *w)
 {
     load_op_t *op = w->data;
-    op->rc = gr_module_load(op->bytes, op->len, &op->m);
+    op->rc = gr_module_load_keyed(op->bytes, op->len, (uint64_t)op->uid, &op->m);
     if (op->rc != GR_OK) {
         snprintf(op->msg, sizeof op->msg, "%s", gr_last_error());
         return;
@@ -88,7 +89,7 @@ static void load_done(uv_work_t *w, int status)
     rep.module_id = m->id;
     rep.sha256.data = m->sha256;
     rep.sha256.len = GR_SHA256_LEN;
-    rep.reused = op->info.refcount > 1;
+    rep.reused = op->info.refcount > 1; /* loads of the same uid only (gr_module_load_keyed) */
     rep.training = m->training != 0;
     gd_call_reply(op->call, &rep.base);
     free(op);
@@ -123,6 +124,7 @@ void gd_rpc_register_module(void *ctx, gd_call_t *call, const ProtobufCMessage *
     op->d = d;
     op->call = call;
     op->session = s->id;
+    op->uid = s->uid;
     snprintf(op->name, sizeof op->name, "%s", req->name);
     if (req->sha256.len) {
         op->check_sha = true;

@@ -108,6 +108,20 @@ static void on_attach(gd_conn_t *c, const graphd_frame_t *f)
         conn_close(c);
         return;
     }
+    uint32_t held = gd_uid_sessions(d, cred.uid);
+    if (held >= d->cfg.max_sessions_per_uid) {
+        char msg[192];
+        snprintf(msg, sizeof msg,
+                 "uid %u already has %u sessions attached (max_sessions_per_uid = %llu): end "
+                 "one first",
+                 (unsigned)cred.uid, held, (unsigned long long)d->cfg.max_sessions_per_uid);
+        gd_warn("session %llu (%s, pid %d): %s", (unsigned long long)s->id, s->name, (int)cred.pid,
+                msg);
+        reply(c, f, GD_RESOURCE_EXHAUSTED, 0, msg, -1);
+        conn_close(c);
+        gd_session_end(d, s, "refused at attach: max_sessions_per_uid");
+        return;
+    }
     s->uid = cred.uid;
     s->gid = cred.gid;
     s->pid = cred.pid;
@@ -478,6 +492,7 @@ void gd_session_end(gd_daemon_t *d, gd_session_t *s, const char *why)
     gd_graphs_session_ended(d, s);
     pm_usage_t freed = {0, 0};
     pm_reclaim_owner(d->pools, s->id, &freed);
+    gd_pools_session_ended(d); /* after its regions: its pools are empty now */
     gd_info("session %llu (%s) ended: %s; reclaimed %u regions, %llu bytes",
             (unsigned long long)s->id, s->name, why, freed.regions,
             (unsigned long long)freed.bytes);

@@ -40,12 +40,26 @@ typedef struct {
     Graphd__V1__LatencyStatus *lat; /* one per graph, then one per pool */
 } status_storage_t;
 
-/* The graphs section, and the graph figures of the pools and sessions sections. */
-void gd_graphs_status(gd_daemon_t *d, Graphd__V1__StatusReply *rep)
+/* Whether viewer sees graph g in full: it sees g's session. */
+static bool sees_graph(gd_daemon_t *d, const gd_session_t *viewer, const gd_graph_t *g)
+{
+    if (gd_is_admin(viewer))
+        return true;
+    const gd_session_t *s = gd_session_find(d, g->session);
+    return s != NULL && gd_sees_session(viewer, s);
+}
+
+/* The graphs section (the graphs viewer sees; the rest counted in rep->others), and the graph
+ * figures of the pools and sessions sections. */
+void gd_graphs_status(gd_daemon_t *d, const gd_session_t *viewer, Graphd__V1__StatusReply *rep)
 {
     size_t ng = 0;
-    for (gd_graph_t *g = d->graphs; g; g = g->next)
-        ng++;
+    for (gd_graph_t *g = d->graphs; g; g = g->next) {
+        if (sees_graph(d, viewer, g))
+            ng++;
+        else if (rep->others)
+            rep->others->graphs++;
+    }
     status_storage_t *st = calloc(1, sizeof *st);
     if (st == NULL)
         return;
@@ -60,7 +74,9 @@ void gd_graphs_status(gd_daemon_t *d, Graphd__V1__StatusReply *rep)
         return;
     }
     size_t i = 0;
-    for (gd_graph_t *g = d->graphs; g; g = g->next, i++) {
+    for (gd_graph_t *g = d->graphs; g && i < ng; g = g->next) {
+        if (!sees_graph(d, viewer, g))
+            continue;
         Graphd__V1__GraphStatus *x = &st->gs[i];
         graphd__v1__graph_status__init(x);
         x->id = g->id;
@@ -76,6 +92,7 @@ void gd_graphs_status(gd_daemon_t *d, Graphd__V1__StatusReply *rep)
         fill_latency(&st->lat[i], &g->latency);
         x->latency = &st->lat[i];
         st->gl[i] = x;
+        i++;
     }
     st->gl[ng + 1] = (void *)st; /* past the end: only gd_graphs_status_free looks there */
     rep->graphs = st->gl;
@@ -154,11 +171,23 @@ void gd_status_pool(Graphd__V1__Pool *m, const pm_pool_t *p)
     m->regions = info.regions;
     m->sessions = info.sessions;
     m->created_unix_ms = info.created_unix_ms;
+    m->owner_uid = info.owner.uid;
+    m->owner_gid = info.owner.gid;
+    m->mode = (Graphd__V1__PoolMode)info.owner.mode; /* pm_mode_t numbers the wire's */
+    m->delete_with_session = info.owner.session != 0;
 }
 
-/* Pool list for a reply; *n gets the count. Free the result with free_pools. */
-Graphd__V1__Pool **gd_status_pools(gd_daemon_t *d, size_t *n)
+_Static_assert((int)GRAPHD__V1__POOL_MODE__POOL_MODE_PRIVATE == (int)PM_MODE_PRIVATE &&
+                   (int)GRAPHD__V1__POOL_MODE__POOL_MODE_GROUP == (int)PM_MODE_GROUP &&
+                   (int)GRAPHD__V1__POOL_MODE__POOL_MODE_PUBLIC == (int)PM_MODE_PUBLIC,
+               "pool modes of the wire and of pool_manager disagree");
+
+/* The pools viewer may use, for a reply; *n gets the count, *hidden how many were left out.
+ * Free the result with gd_status_pools_free. */
+Graphd__V1__Pool **gd_status_pools(gd_daemon_t *d, const gd_session_t *viewer, size_t *n,
+                                   uint32_t *hidden)
 {
+    *hidden = 0;
     size_t count = 0;
     pm_pool_list(d->pools, &count, NULL);
     pm_pool_t **pools = calloc(count + 1, sizeof *pools);
@@ -172,13 +201,19 @@ Graphd__V1__Pool **gd_status_pools(gd_daemon_t *d, size_t *n)
         return NULL;
     }
     pm_pool_list(d->pools, &count, pools);
+    size_t shown = 0;
     for (size_t i = 0; i < count; i++) {
-        gd_status_pool(&storage[i], pools[i]);
-        list[i] = &storage[i];
+        if (!gd_may_use_pool(viewer, pools[i])) {
+            (*hidden)++;
+            continue;
+        }
+        gd_status_pool(&storage[shown], pools[i]);
+        list[shown] = &storage[shown];
+        shown++;
     }
-    list[count] = storage; /* past the end: only free_pools looks there */
+    list[shown] = storage; /* past the end: only gd_status_pools_free looks there */
     free(pools);
-    *n = count;
+    *n = shown;
     return list;
 }
 
@@ -227,10 +262,11 @@ static void status_daemon(gd_daemon_t *d, daemon_section_t *sec)
     ds->n_config = n;
 }
 
-/* The sessions section, without graph figures (status_graphs adds them). The arrays are the
- * caller's to free, also when the reply has no sessions. */
-static void status_sessions(gd_daemon_t *d, Graphd__V1__StatusReply *rep,
-                            Graphd__V1__SessionStatus **storage)
+/* The sessions section, without graph figures (gd_graphs_status adds them): the sessions viewer
+ * sees, the others counted in rep->others. The arrays are the caller's to free, also when the
+ * reply has no sessions. */
+static void status_sessions(gd_daemon_t *d, const gd_session_t *viewer,
+                            Graphd__V1__StatusReply *rep, Graphd__V1__SessionStatus **storage)
 {
     size_t ns = d->nsessions, i = 0;
     Graphd__V1__SessionStatus *ss = calloc(ns + 1, sizeof *ss);
@@ -240,9 +276,16 @@ static void status_sessions(gd_daemon_t *d, Graphd__V1__StatusReply *rep,
         free(sl);
         return;
     }
-    for (gd_session_t *s = d->sessions; s && i < ns; s = s->next, i++) {
+    for (gd_session_t *s = d->sessions; s && i < ns; s = s->next) {
         pm_usage_t u;
         pm_owner_usage(d->pools, s->id, &u);
+        if (!gd_sees_session(viewer, s)) {
+            rep->others->sessions++;
+            rep->others->modules += s->modules;
+            rep->others->regions += u.regions;
+            rep->others->bytes += u.bytes;
+            continue;
+        }
         graphd__v1__session_status__init(&ss[i]);
         ss[i].id = s->id;
         ss[i].uid = s->attached ? (uint32_t)s->uid : 0;
@@ -253,6 +296,7 @@ static void status_sessions(gd_daemon_t *d, Graphd__V1__StatusReply *rep,
         ss[i].connected_since_unix_ms = s->created_unix_ms;
         ss[i].attached = s->attached;
         sl[i] = &ss[i];
+        i++;
     }
     rep->sessions = sl;
     rep->n_sessions = i;
@@ -261,8 +305,13 @@ static void status_sessions(gd_daemon_t *d, Graphd__V1__StatusReply *rep,
 void gd_rpc_status(void *ctx, gd_call_t *call, const ProtobufCMessage *msg)
 {
     gd_daemon_t *d = ctx;
-    (void)msg;
+    const Graphd__V1__StatusRequest *req = (const void *)msg;
+    gd_session_t *viewer;
+    if (!gd_viewer_of(d, call, req->session, &viewer))
+        return;
     Graphd__V1__StatusReply rep = GRAPHD__V1__STATUS_REPLY__INIT;
+    Graphd__V1__HiddenStatus others = GRAPHD__V1__HIDDEN_STATUS__INIT;
+    rep.others = &others;
     daemon_section_t *daemon = calloc(1, sizeof *daemon);
     Graphd__V1__Device dev_storage[GD_MAX_DEVICES];
     Graphd__V1__SessionStatus *sessions = NULL;
@@ -274,9 +323,9 @@ void gd_rpc_status(void *ctx, gd_call_t *call, const ProtobufCMessage *msg)
     rep.daemon = &daemon->ds;
     rep.devices = gd_status_devices(d, dev_storage);
     rep.n_devices = rep.devices ? d->ndevices : 0;
-    rep.pools = gd_status_pools(d, &rep.n_pools);
-    status_sessions(d, &rep, &sessions);
-    gd_graphs_status(d, &rep);
+    rep.pools = gd_status_pools(d, viewer, &rep.n_pools, &others.pools);
+    status_sessions(d, viewer, &rep, &sessions);
+    gd_graphs_status(d, viewer, &rep);
     gd_call_reply(call, &rep.base);
     gd_graphs_status_free(&rep);
     free(rep.sessions);

@@ -25,7 +25,7 @@
 #include <torch/version.h>
 
 struct gr_module {
-    std::string key; /* the SHA-256, raw bytes */
+    std::string key; /* the cache key (gr_module_load_keyed's), then the SHA-256, raw bytes */
     uint8_t sha256[GR_SHA256_LEN];
     uint64_t archive_bytes = 0;
     torch::jit::Module module;
@@ -480,6 +480,12 @@ extern "C" int gr_module_max_unpacked(uint64_t bytes)
 
 extern "C" int gr_module_load(const void *bytes, size_t len, gr_module_t **out)
 {
+    return gr_module_load_keyed(bytes, len, 0, out);
+}
+
+extern "C" int gr_module_load_keyed(const void *bytes, size_t len, uint64_t scope,
+                                    gr_module_t **out)
+{
     try {
         if (out == nullptr)
             return gr__set_error(GR_EINVAL, "gr_module_load: NULL out");
@@ -491,7 +497,8 @@ extern "C" int gr_module_load(const void *bytes, size_t len, gr_module_t **out)
         int rc = gr_sha256(bytes, len, sha);
         if (rc != GR_OK)
             return rc;
-        std::string key(reinterpret_cast<const char *>(sha), sizeof(sha));
+        std::string key(reinterpret_cast<const char *>(&scope), sizeof(scope));
+        key.append(reinterpret_cast<const char *>(sha), sizeof(sha));
         Registry &reg = registry();
         {
             std::lock_guard<std::mutex> lock(reg.mu);

@@ -182,6 +182,10 @@ typedef struct gr_module_info {
  * during the call. The same bytes loaded again return the same module with its refcount raised,
  * without parsing. GR_EINVAL (the libtorch error in the message) when the archive does not load. */
 int gr_module_load(const void *bytes, size_t len, gr_module_t **out);
+/* gr_module_load with a cache of its own per scope (e.g. a tenant's uid): the same bytes loaded
+ * under another scope are a separate module (own refcount, own parse), so a load never shares an
+ * object, or a refcount that tells it was loaded, across scopes. gr_module_load is scope 0. */
+int gr_module_load_keyed(const void *bytes, size_t len, uint64_t scope, gr_module_t **out);
 /* Drops one reference; the last one frees the module. Graphs captured from it stay valid (they
  * own a deep copy). GR_EINVAL for NULL. */
 int gr_module_release(gr_module_t *m);
@@ -189,7 +193,8 @@ int gr_module_sha256(const gr_module_t *m, uint8_t out[GR_SHA256_LEN]);
 int gr_module_info(const gr_module_t *m, gr_module_info_t *out);
 /* 1 when the module has a method called name, 0 when not, GR_EINVAL for NULL arguments. */
 int gr_module_has_method(const gr_module_t *m, const char *name);
-/* Number of distinct modules loaded and not yet released (for status and leak checks). */
+/* Number of distinct modules (per scope) loaded and not yet released (for status and leak
+ * checks). */
 size_t gr_module_loaded_count(void);
 
 /* ---- pools ------------------------------------------------------------------------------ */

@@ -68,6 +68,7 @@ struct pm_pool {
     uint32_t regions;
     uint32_t sessions;
     uint64_t created_unix_ms;
+    pm_pool_owner_t owner;
     pm_manager_t *m;
     pm_owner_ref_t *owners;
     pm_pool_t *next;
@@ -284,6 +285,7 @@ int pm_pool_create(pm_manager_t *m, const char *name, const char *device, uint64
     memcpy(p->device, device, dlen + 1);
     p->limit = limit_bytes;
     p->created_unix_ms = now_unix_ms();
+    p->owner.mode = PM_MODE_PUBLIC;
     p->m = m;
     if (m->pools_tail != NULL)
         m->pools_tail->next = p;
@@ -356,7 +358,30 @@ void pm_pool_info(const pm_pool_t *p, pm_pool_info_t *out)
         .regions = p->regions,
         .sessions = p->sessions,
         .created_unix_ms = p->created_unix_ms,
+        .owner = p->owner,
     };
+}
+
+int pm_pool_set_owner(pm_pool_t *p, const pm_pool_owner_t *owner)
+{
+    if (p == NULL || owner == NULL || owner->mode < PM_MODE_PRIVATE || owner->mode > PM_MODE_PUBLIC)
+        return PM_EINVAL;
+    p->owner = *owner;
+    return PM_OK;
+}
+
+int pm_pool_may_use(const pm_pool_t *p, uint32_t uid, uint32_t gid)
+{
+    if (p == NULL)
+        return 0;
+    switch (p->owner.mode) {
+    case PM_MODE_PUBLIC:
+        return 1;
+    case PM_MODE_GROUP:
+        return uid == p->owner.uid || gid == p->owner.gid;
+    default:
+        return uid == p->owner.uid;
+    }
 }
 
 /* A limit below what the pool already reserves is accepted: live regions stay, and every new

@@ -44,6 +44,17 @@ typedef struct pm_manager pm_manager_t;
 typedef struct pm_pool pm_pool_t;
 typedef struct pm_region pm_region_t;
 
+/* Who may use a pool (pm_pool_may_use): its owner's uid, also its gid, or anyone. */
+typedef enum { PM_MODE_PRIVATE = 1, PM_MODE_GROUP = 2, PM_MODE_PUBLIC = 3 } pm_mode_t;
+
+/* A pool's owner, as the daemon sets it (pm_pool_set_owner); the manager only keeps it and
+ * answers pm_pool_may_use. A new pool has {0, 0, PM_MODE_PUBLIC, 0}. */
+typedef struct pm_pool_owner {
+    uint32_t uid, gid;
+    int mode;         /* pm_mode_t */
+    uint64_t session; /* nonzero: the pool goes when that session ends (the caller deletes it) */
+} pm_pool_owner_t;
+
 typedef struct pm_pool_info {
     const char *name;        /* owned by the pool */
     const char *device;      /* owned by the pool */
@@ -53,6 +64,7 @@ typedef struct pm_pool_info {
     uint32_t regions;
     uint32_t sessions; /* distinct owners with a live region */
     uint64_t created_unix_ms;
+    pm_pool_owner_t owner;
 } pm_pool_info_t;
 
 typedef struct pm_usage {
@@ -82,6 +94,11 @@ pm_pool_t *pm_pool_find(pm_manager_t *m, const char *name);
  * pools (in creation order) and sets *count to the number filled. */
 void pm_pool_list(pm_manager_t *m, size_t *count, pm_pool_t **items);
 void pm_pool_info(const pm_pool_t *p, pm_pool_info_t *out);
+/* PM_EINVAL for a NULL pool or owner, or a mode outside pm_mode_t. */
+int pm_pool_set_owner(pm_pool_t *p, const pm_pool_owner_t *owner);
+/* 1 when a caller of uid and gid may use p by its mode (owner's uid; group: also owner's gid;
+ * public: anyone), else 0. Admins are the caller's business. */
+int pm_pool_may_use(const pm_pool_t *p, uint32_t uid, uint32_t gid);
 /* limit 0: none. A limit below the bytes already reserved is allowed: live regions stay, new
  * allocations fail with PM_ELIMIT until enough is freed. PM_EINVAL for a NULL pool. */
 int pm_pool_set_limit(pm_pool_t *p, uint64_t limit_bytes);

@@ -414,6 +414,19 @@ static void pool_from_pb(graphd_pool_t *d, const Graphd__V1__Pool *p)
     d->created_unix_ms = p->created_unix_ms;
     d->graph_mempool_reserved_bytes = p->graph_mempool_reserved_bytes;
     d->graph_mempool_in_use_bytes = p->graph_mempool_in_use_bytes;
+    d->owner_uid = p->owner_uid;
+    d->owner_gid = p->owner_gid;
+    d->mode = (int)p->mode;
+    d->delete_with_session = p->delete_with_session ? 1 : 0;
+}
+
+/* The open session for a request that names one optionally (NULL: none open). */
+static Graphd__V1__SessionRef *optional_ref(const graphd_client_t *c, Graphd__V1__SessionRef *ref)
+{
+    if (c->session_id == 0)
+        return NULL;
+    session_ref(c, ref);
+    return ref;
 }
 
 int graphd_list_devices(graphd_client_t *c, size_t *count, graphd_device_t *items)
@@ -441,6 +454,8 @@ int graphd_list_pools(graphd_client_t *c, size_t *count, graphd_pool_t *items)
     if (count == NULL)
         return graphd__fail(c, GRAPHD_EINVALID_ARGUMENT, "count is NULL");
     Graphd__V1__ListPoolsRequest req = GRAPHD__V1__LIST_POOLS_REQUEST__INIT;
+    Graphd__V1__SessionRef ref;
+    req.session = optional_ref(c, &ref);
     Graphd__V1__ListPoolsReply *rep;
     int rc = graphd__call(c, GRAPHD__METHOD("ListPools"), &req.base,
                           &graphd__v1__list_pools_reply__descriptor, (ProtobufCMessage **)&rep);
@@ -457,13 +472,25 @@ int graphd_list_pools(graphd_client_t *c, size_t *count, graphd_pool_t *items)
 int graphd_pool_create(graphd_client_t *c, const char *name, const char *device,
                        uint64_t limit_bytes, graphd_pool_t *info)
 {
+    return graphd_pool_create_ex(c, name, device, limit_bytes, GRAPHD_POOL_DEFAULT, 0, info);
+}
+
+int graphd_pool_create_ex(graphd_client_t *c, const char *name, const char *device,
+                          uint64_t limit_bytes, int mode, unsigned flags, graphd_pool_t *info)
+{
     clear_error(c);
     if (name == NULL)
         return graphd__fail(c, GRAPHD_EINVALID_ARGUMENT, "pool name is NULL");
+    if (flags & ~GRAPHD_POOL_DELETE_WITH_SESSION)
+        return graphd__fail(c, GRAPHD_EINVALID_ARGUMENT, "unknown pool flags 0x%x", flags);
     Graphd__V1__CreatePoolRequest req = GRAPHD__V1__CREATE_POOL_REQUEST__INIT;
+    Graphd__V1__SessionRef ref;
     req.name = (char *)name;
     req.device = (char *)(device != NULL ? device : "");
     req.limit_bytes = limit_bytes;
+    req.session = optional_ref(c, &ref); /* the daemon says why a session is needed */
+    req.mode = (Graphd__V1__PoolMode)mode;
+    req.delete_with_session = (flags & GRAPHD_POOL_DELETE_WITH_SESSION) != 0;
     Graphd__V1__CreatePoolReply *rep;
     int rc = graphd__call(c, GRAPHD__METHOD("CreatePool"), &req.base,
                           &graphd__v1__create_pool_reply__descriptor, (ProtobufCMessage **)&rep);
@@ -483,7 +510,9 @@ int graphd_pool_delete(graphd_client_t *c, const char *name)
     if (name == NULL)
         return graphd__fail(c, GRAPHD_EINVALID_ARGUMENT, "pool name is NULL");
     Graphd__V1__DeletePoolRequest req = GRAPHD__V1__DELETE_POOL_REQUEST__INIT;
+    Graphd__V1__SessionRef ref;
     req.name = (char *)name;
+    req.session = optional_ref(c, &ref);
     ProtobufCMessage *rep;
     int rc = graphd__call(c, GRAPHD__METHOD("DeletePool"), &req.base,
                           &graphd__v1__delete_pool_reply__descriptor, &rep);
@@ -498,6 +527,8 @@ int graphd_status_json(graphd_client_t *c, char *buf, size_t *len)
     if (len == NULL)
         return graphd__fail(c, GRAPHD_EINVALID_ARGUMENT, "len is NULL");
     Graphd__V1__StatusRequest req = GRAPHD__V1__STATUS_REQUEST__INIT;
+    Graphd__V1__SessionRef ref;
+    req.session = optional_ref(c, &ref);
     ProtobufCMessage *rep;
     int rc = graphd__call(c, GRAPHD__METHOD("Status"), &req.base,
                           &graphd__v1__status_reply__descriptor, &rep);

@@ -33,10 +33,14 @@ static const char usage[] =
     "  status                          daemon, devices, pools and sessions\n"
     "  devices                         devices the daemon serves\n"
     "  pools                           pools and their accounting\n"
-    "  pool create NAME [--device DEV] [--limit BYTES]\n"
+    "  pool create NAME [--device DEV] [--limit BYTES] [--mode MODE]\n"
     "                                  create a pool (BYTES: 64M, 1Gi, ...; K/M/G/T are\n"
-    "                                  powers of 1000, Ki/Mi/Gi/Ti powers of 1024)\n"
-    "  pool delete NAME                delete an empty pool\n"
+    "                                  powers of 1000, Ki/Mi/Gi/Ti powers of 1024; MODE:\n"
+    "                                  private (default), group or public)\n"
+    "  pool delete NAME                delete an empty pool (its owner or an admin)\n"
+    "\n"
+    "Each command opens a session as the calling user: status and pools show what\n"
+    "that user may see (all of it for root or the daemon's user).\n"
     "\n"
     "options:\n"
     "  -a, --address ADDR  daemon address (default $GRAPHD_ADDRESS, else " GRAPHD_DEFAULT_ADDRESS
@@ -548,6 +552,7 @@ typedef struct opts {
     const char *address;
     const char *device;
     const char *limit;
+    const char *mode;
     int json;
 } opts_t;
 
@@ -595,15 +600,24 @@ static json_t *device_json(const graphd_device_t *d)
                      "compute_capability", d->compute_capability, "mps", d->mps);
 }
 
+static const char *const mode_names[] = {"", "private", "group", "public"};
+
+static const char *mode_name(int mode)
+{
+    return mode >= GRAPHD_POOL_PRIVATE && mode <= GRAPHD_POOL_PUBLIC ? mode_names[mode] : "?";
+}
+
 static json_t *pool_json(const graphd_pool_t *p)
 {
-    return json_pack("{s:s, s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}", "name", p->name,
-                     "device", p->device, "limit_bytes", (json_int_t)p->limit_bytes,
+    return json_pack("{s:s, s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:s, s:b}", "name",
+                     p->name, "device", p->device, "limit_bytes", (json_int_t)p->limit_bytes,
                      "reserved_bytes", (json_int_t)p->reserved_bytes, "used_bytes",
                      (json_int_t)p->used_bytes, "regions", (json_int_t)p->regions, "sessions",
                      (json_int_t)p->sessions, "created_unix_ms", (json_int_t)p->created_unix_ms,
                      "graph_mempool_reserved_bytes", (json_int_t)p->graph_mempool_reserved_bytes,
-                     "graph_mempool_in_use_bytes", (json_int_t)p->graph_mempool_in_use_bytes);
+                     "graph_mempool_in_use_bytes", (json_int_t)p->graph_mempool_in_use_bytes,
+                     "owner_uid", (json_int_t)p->owner_uid, "mode", mode_name(p->mode),
+                     "delete_with_session", p->delete_with_session);
 }
 
 static int cmd_devices(graphd_client_t *c, const opts_t *o)
@@ -719,7 +733,11 @@ static int cmd_pool_create(graphd_client_t *c, const opts_t *o, const char *name
     graphd_pool_t p;
     char what[160];
     snprintf(what, sizeof(what), "pool create %s", name);
-    int rc = graphd_pool_create(c, name, o->device, limit, &p);
+    int mode = GRAPHD_POOL_DEFAULT;
+    for (int m = GRAPHD_POOL_PRIVATE; o->mode != NULL && m <= GRAPHD_POOL_PUBLIC; m++)
+        if (strcmp(o->mode, mode_names[m]) == 0)
+            mode = m;
+    int rc = graphd_pool_create_ex(c, name, o->device, limit, mode, 0, &p);
     if (rc != GRAPHD_OK)
         return fail(c, what, rc);
     if (o->json) {
@@ -732,8 +750,10 @@ static int cmd_pool_create(graphd_client_t *c, const opts_t *o, const char *name
         json_t *jl = json_integer((json_int_t)p.limit_bytes);
         fmt_value(lim, sizeof(lim), "limit_bytes", jl, &num);
         json_decref(jl);
-        printf("pool %s created on %s (limit %s)\n", p.name[0] ? p.name : name,
-               p.device[0] ? p.device : "?", lim);
+        printf("pool %s created on %s (limit %s, %s to uid %u)\n", p.name[0] ? p.name : name,
+               p.device[0] ? p.device : "?", lim,
+               p.mode == GRAPHD_POOL_PUBLIC ? "public, owned by" : mode_name(p.mode),
+               (unsigned)p.owner_uid);
     }
     return 0;
 }
@@ -757,13 +777,10 @@ static int cmd_pool_delete(graphd_client_t *c, const opts_t *o, const char *name
 int main(int argc, char **argv)
 {
     static const struct option longopts[] = {
-        {"address", required_argument, NULL, 'a'},
-        {"json", no_argument, NULL, 'j'},
-        {"device", required_argument, NULL, 'd'},
-        {"limit", required_argument, NULL, 'l'},
-        {"help", no_argument, NULL, 'h'},
-        {"version", no_argument, NULL, 'V'},
-        {NULL, 0, NULL, 0},
+        {"address", required_argument, NULL, 'a'}, {"json", no_argument, NULL, 'j'},
+        {"device", required_argument, NULL, 'd'},  {"limit", required_argument, NULL, 'l'},
+        {"mode", required_argument, NULL, 'm'},    {"help", no_argument, NULL, 'h'},
+        {"version", no_argument, NULL, 'V'},       {NULL, 0, NULL, 0},
     };
     opts_t o = {0};
     int opt;
@@ -781,6 +798,9 @@ int main(int argc, char **argv)
             break;
         case 'l':
             o.limit = optarg;
+            break;
+        case 'm':
+            o.mode = optarg;
             break;
         case 'h':
             fputs(usage, stdout);
@@ -801,8 +821,11 @@ int main(int argc, char **argv)
         return usage_error("%s", "no command given");
     const char *cmd = pos[0];
     int is_create = strcmp(cmd, "pool") == 0 && npos >= 2 && strcmp(pos[1], "create") == 0;
-    if ((o.device != NULL || o.limit != NULL) && !is_create)
-        return usage_error("%s", "--device and --limit go with 'pool create'");
+    if ((o.device != NULL || o.limit != NULL || o.mode != NULL) && !is_create)
+        return usage_error("%s", "--device, --limit and --mode go with 'pool create'");
+    if (o.mode != NULL && strcmp(o.mode, "private") != 0 && strcmp(o.mode, "group") != 0 &&
+        strcmp(o.mode, "public") != 0)
+        return usage_error("bad pool mode '%s' (private, group or public)", o.mode);
     uint64_t limit = 0;
     if (o.limit != NULL && parse_bytes(o.limit, &limit) != 0)
         return usage_error("bad byte count '%s' (e.g. 4096, 64M, 1Gi)", o.limit);
@@ -827,6 +850,7 @@ int main(int argc, char **argv)
         return usage_error("unknown command '%s'", cmd);
 
     graphd_client_t *c;
+    int status = 1;
     int rc = graphd_connect(o.address, &c);
     if (rc != GRAPHD_OK) {
         const char *msg = graphd_last_error(NULL);
@@ -835,7 +859,23 @@ int main(int argc, char **argv)
                 msg[0] != '\0' ? msg : graphd_strerror(rc));
         return 1;
     }
-    int status = 1;
+    /* A session identifies the caller (SO_PEERCRED): pools belong to it, and status shows what
+     * it may see. devices needs none. */
+    if (which != DEVICES) {
+        rc = graphd_hello(c, "graphctl");
+        if (rc != GRAPHD_OK && (rc == GRAPHD_EUNAVAILABLE || (which != STATUS && which != POOLS))) {
+            status = fail(c,
+                          which == CREATE   ? "pool create"
+                          : which == DELETE ? "pool delete"
+                                            : "session",
+                          rc);
+            graphd_close(c);
+            return status;
+        }
+        if (rc != GRAPHD_OK)
+            fprintf(stderr, "graphctl: no session (%s): showing counts only\n",
+                    graphd_last_error(c));
+    }
     switch (which) {
     case STATUS:
         status = cmd_status(c, &o);

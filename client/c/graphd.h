@@ -130,7 +130,23 @@ typedef struct graphd_pool {
      * pool's regions. 0 for a cpu pool. */
     uint64_t graph_mempool_reserved_bytes; /* allocator segments the mempool owns */
     uint64_t graph_mempool_in_use_bytes;   /* bytes of them held by live allocations */
+    uint32_t owner_uid;                    /* the creating session's uid */
+    uint32_t owner_gid;
+    int mode;                /* GRAPHD_POOL_PRIVATE, GRAPHD_POOL_GROUP or GRAPHD_POOL_PUBLIC */
+    int delete_with_session; /* 1: the daemon deletes it when its creating session ends */
 } graphd_pool_t;
+
+/* Who may use a pool (allocate regions, capture graphs in it); only its owner or an admin (uid 0
+ * or the daemon's uid) deletes it. Equal to graphd.v1.PoolMode. */
+enum graphd_pool_mode {
+    GRAPHD_POOL_DEFAULT = 0, /* the daemon's default: private */
+    GRAPHD_POOL_PRIVATE = 1, /* sessions of the owner's uid */
+    GRAPHD_POOL_GROUP = 2,   /* and sessions whose gid is the owner's gid */
+    GRAPHD_POOL_PUBLIC = 3,  /* any session */
+};
+/* graphd_pool_create_ex flags: the daemon deletes the pool when this client's session ends,
+ * however it ends (a per-process pool). */
+#define GRAPHD_POOL_DELETE_WITH_SESSION 0x1u
 
 /*
  * Creates a client for the daemon at address: a gRPC target ("unix:/path";
@@ -186,18 +202,28 @@ const char *graphd_daemon_version(const graphd_client_t *c);
 /* Devices the daemon serves. Two-call pattern; GRAPHD_ETRUNC when *count was too small. */
 int graphd_list_devices(graphd_client_t *c, size_t *count /* [in,out] */,
                         graphd_device_t *items /* [out][optional] */);
-/* Pools with their accounting. Two-call pattern; GRAPHD_ETRUNC when *count was too small. */
+/* Pools with their accounting: those the open session may use (all for an admin's session);
+ * without a session, none. Two-call pattern; GRAPHD_ETRUNC when *count was too small. */
 int graphd_list_pools(graphd_client_t *c, size_t *count /* [in,out] */,
                       graphd_pool_t *items /* [out][optional] */);
 /*
- * Creates a named pool. The daemon checks the name (1..63 of [A-Za-z0-9._-]):
- * GRAPHD_EINVALID_ARGUMENT, GRAPHD_EALREADY_EXISTS, GRAPHD_ENOT_FOUND for an
- * unknown device. limit_bytes 0: the daemon's default limit.
+ * Creates a named pool owned by the session's uid, private to it (graphd_pool_create_ex sets
+ * the mode). Needs an open session (GRAPHD_EFAILED_PRECONDITION without one). The daemon checks
+ * the name (1..63 of [A-Za-z0-9._-]): GRAPHD_EINVALID_ARGUMENT, GRAPHD_EALREADY_EXISTS,
+ * GRAPHD_ENOT_FOUND for an unknown device, GRAPHD_ERESOURCE_EXHAUSTED past max_pools_per_uid.
+ * limit_bytes 0: the daemon's default limit.
  */
 int graphd_pool_create(graphd_client_t *c, const char *name /* [in] */,
                        const char *device /* [in][optional] NULL: "cpu:0" */, uint64_t limit_bytes,
                        graphd_pool_t *info /* [out][optional] the new pool */);
-/* GRAPHD_ENOT_FOUND; GRAPHD_EFAILED_PRECONDITION while the pool holds regions. */
+/* The same with a mode (enum graphd_pool_mode) and flags (GRAPHD_POOL_DELETE_WITH_SESSION). */
+int graphd_pool_create_ex(graphd_client_t *c, const char *name /* [in] */,
+                          const char *device /* [in][optional] NULL: "cpu:0" */,
+                          uint64_t limit_bytes, int mode, unsigned flags,
+                          graphd_pool_t *info /* [out][optional] the new pool */);
+/* Needs an open session of the pool's owner uid or an admin's (GRAPHD_EPERMISSION_DENIED);
+ * GRAPHD_ENOT_FOUND; GRAPHD_EFAILED_PRECONDITION while the pool holds regions or without a
+ * session. */
 int graphd_pool_delete(graphd_client_t *c, const char *name /* [in] */);
 
 /*
@@ -259,8 +285,10 @@ uint64_t graphd_region_mapped_size(const graphd_region_t *r);
 /*
  * The daemon's Status as one JSON object (UTF-8, NUL-terminated) with keys
  * "daemon", "devices", "pools", "sessions" and any later section, field
- * names as in graphd.proto; repeated *Entry messages (daemon.config) become
- * objects keyed by name. Two-call: with buf NULL, *len gets the bytes needed
+ * names as in graphd.proto; as the open session may see it (an admin's: all;
+ * a tenant's: its uid's sessions and graphs and the pools it may use, the
+ * rest counted in "others"; without a session: counts only); repeated *Entry messages
+ * (daemon.config) become objects keyed by name. Two-call: with buf NULL, *len gets the bytes needed
  * (NUL included) and GRAPHD_OK; with buf too small, the same and
  * GRAPHD_ETRUNC. Each call asks the daemon anew, so the size may grow in
  * between: retry on GRAPHD_ETRUNC.

@@ -195,6 +195,7 @@ static void pool_names(void **state)
     harness_t *h = *state;
     graphd_client_t *c;
     assert_int_equal(graphd_connect(h->address, &c), GRAPHD_OK);
+    assert_int_equal(graphd_hello(c, "it-pool-names"), GRAPHD_OK); /* pools need an owner */
     char name[80];
     memset(name, 'a', 63);
     name[63] = '\0';

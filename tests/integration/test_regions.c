@@ -373,6 +373,10 @@ static void lists_use_two_calls(void **state)
         }
     assert_true(cpu);
 
+    /* Pools belong to a session's uid: without a session there is no owner. */
+    assert_int_equal(graphd_pool_create(c, "it-two-a", NULL, 0, NULL), GRAPHD_EFAILED_PRECONDITION);
+    assert_non_null(strstr(graphd_last_error(c), "needs an attached session"));
+    assert_int_equal(graphd_hello(c, "it-lists"), GRAPHD_OK);
     assert_int_equal(graphd_pool_create(c, "it-two-a", NULL, 0, NULL), GRAPHD_OK);
     assert_int_equal(graphd_pool_create(c, "it-two-b", "cpu:0", 0, NULL), GRAPHD_OK);
     size_t total = 0;

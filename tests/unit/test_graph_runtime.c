@@ -511,6 +511,36 @@ static void test_same_bytes_same_module(void **state)
     free(bytes);
 }
 
+/* A keyed load shares only within its key: another tenant's load of the same bytes is a module of
+ * its own, whose refcount tells nothing of the first. */
+static void test_keyed_modules_do_not_share(void **state)
+{
+    (void)state;
+    size_t len = 0;
+    void *bytes = read_file("mlp.pt", &len);
+    size_t before = gr_module_loaded_count();
+    gr_module_t *a = NULL, *a2 = NULL, *b = NULL, *plain = NULL;
+    assert_int_equal(gr_module_load_keyed(bytes, len, 1001, &a), GR_OK);
+    assert_int_equal(gr_module_load_keyed(bytes, len, 1002, &b), GR_OK);
+    assert_int_equal(gr_module_load(bytes, len, &plain), GR_OK); /* key 0 */
+    assert_ptr_not_equal(a, b);
+    assert_ptr_not_equal(a, plain);
+    gr_module_info_t info;
+    assert_int_equal(gr_module_info(b, &info), GR_OK);
+    assert_int_equal(info.refcount, 1);
+    assert_int_equal(gr_module_load_keyed(bytes, len, 1001, &a2), GR_OK);
+    assert_ptr_equal(a, a2);
+    assert_int_equal(gr_module_info(a2, &info), GR_OK);
+    assert_int_equal(info.refcount, 2);
+    assert_int_equal(gr_module_loaded_count(), before + 3);
+    assert_int_equal(gr_module_release(a), GR_OK);
+    assert_int_equal(gr_module_release(a2), GR_OK);
+    assert_int_equal(gr_module_release(b), GR_OK);
+    assert_int_equal(gr_module_release(plain), GR_OK);
+    assert_int_equal(gr_module_loaded_count(), before);
+    free(bytes);
+}
+
 /* A graph whose static tensors are all in its block: no GR_TENSOR_EXTERNAL, nothing in
  * gr_graph_external. */
 static void assert_no_external(const tgraph_t *t)
@@ -2045,6 +2075,7 @@ int main(void)
         cmocka_unit_test(test_tables),
         cmocka_unit_test(test_bad_archive),
         cmocka_unit_test(test_same_bytes_same_module),
+        cmocka_unit_test(test_keyed_modules_do_not_share),
         cmocka_unit_test(test_mlp_training_parity),
         cmocka_unit_test(test_two_callables_parity),
         cmocka_unit_test(test_unused_input_rejected),

@@ -817,6 +817,39 @@ static void test_borrowed_regions(void **state)
     assert_pm(pm_pool_delete(f->m, "gpu"), PM_OK);
 }
 
+/* The owner is the caller's to set; the manager answers who may use the pool by its mode. */
+static void test_pool_owner_and_mode(void **state)
+{
+    fixture_t *f = *state;
+    pm_pool_t *p = make_pool(f, "owned", 0);
+    pm_pool_info_t info = info_of(p);
+    assert_int_equal(info.owner.mode, PM_MODE_PUBLIC); /* until the caller says otherwise */
+    assert_int_equal(pm_pool_may_use(p, 7, 7), 1);
+    pm_pool_owner_t o = {1001, 100, PM_MODE_PRIVATE, 42};
+    assert_pm(pm_pool_set_owner(p, &o), PM_OK);
+    info = info_of(p);
+    assert_int_equal(info.owner.uid, 1001);
+    assert_int_equal(info.owner.gid, 100);
+    assert_int_equal(info.owner.session, 42);
+    assert_int_equal(pm_pool_may_use(p, 1001, 5), 1);
+    assert_int_equal(pm_pool_may_use(p, 1002, 100), 0); /* same group, but private */
+    o.mode = PM_MODE_GROUP;
+    assert_pm(pm_pool_set_owner(p, &o), PM_OK);
+    assert_int_equal(pm_pool_may_use(p, 1002, 100), 1);
+    assert_int_equal(pm_pool_may_use(p, 1002, 101), 0);
+    o.mode = PM_MODE_PUBLIC;
+    assert_pm(pm_pool_set_owner(p, &o), PM_OK);
+    assert_int_equal(pm_pool_may_use(p, 1002, 101), 1);
+    o.mode = 0;
+    assert_pm(pm_pool_set_owner(p, &o), PM_EINVAL);
+    o.mode = 4;
+    assert_pm(pm_pool_set_owner(p, &o), PM_EINVAL);
+    assert_pm(pm_pool_set_owner(NULL, &o), PM_EINVAL);
+    assert_int_equal(info_of(p).owner.mode, PM_MODE_PUBLIC); /* unchanged by the refusals */
+    assert_int_equal(pm_pool_may_use(NULL, 0, 0), 0);
+    assert_pm(pm_pool_delete(f->m, "owned"), PM_OK);
+}
+
 int main(void)
 {
 #define T(f) cmocka_unit_test_setup_teardown(f, setup, teardown)
@@ -840,6 +873,7 @@ int main(void)
         T(test_alloc_syscall_failure),
         T(test_device_regions),
         T(test_borrowed_regions),
+        T(test_pool_owner_and_mode),
     };
 #undef T
     return cmocka_run_group_tests_name("pool_manager", tests, NULL, NULL);

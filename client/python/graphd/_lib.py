@@ -45,7 +45,14 @@ class Pool(ctypes.Structure):
                 ("used_bytes", ctypes.c_uint64), ("regions", ctypes.c_uint32),
                 ("sessions", ctypes.c_uint32), ("created_unix_ms", ctypes.c_uint64),
                 ("graph_mempool_reserved_bytes", ctypes.c_uint64),
-                ("graph_mempool_in_use_bytes", ctypes.c_uint64)]
+                ("graph_mempool_in_use_bytes", ctypes.c_uint64),
+                ("owner_uid", ctypes.c_uint32), ("owner_gid", ctypes.c_uint32),
+                ("mode", ctypes.c_int), ("delete_with_session", ctypes.c_int)]
+
+
+# enum graphd_pool_mode (equal to graphd.v1.PoolMode), by name; GRAPHD_POOL_DELETE_WITH_SESSION.
+POOL_MODES = {"private": 1, "group": 2, "public": 3}
+POOL_DELETE_WITH_SESSION = 0x1
 
 
 class TensorSpec(ctypes.Structure):
@@ -102,6 +109,8 @@ _PROTOS = {
     "graphd_list_pools": (_c.c_int, [_P, _SIZE_P, _c.POINTER(Pool)]),
     "graphd_pool_create": (_c.c_int, [_P, _c.c_char_p, _c.c_char_p, _c.c_uint64,
                                       _c.POINTER(Pool)]),
+    "graphd_pool_create_ex": (_c.c_int, [_P, _c.c_char_p, _c.c_char_p, _c.c_uint64, _c.c_int,
+                                         _c.c_uint, _c.POINTER(Pool)]),
     "graphd_pool_delete": (_c.c_int, [_P, _c.c_char_p]),
     "graphd_status_json": (_c.c_int, [_P, _c.c_char_p, _SIZE_P]),
     "graphd_module_register": (_c.c_int, [_P, _c.c_void_p, _c.c_size_t, _c.c_char_p, _U64_P]),

@@ -177,7 +177,6 @@ class Client:
         self._name = name or "python:%s" % (os.path.basename(sys.argv[0] or "") or "python")
         self._session = False
         self._closed = False
-        self._owned_pools = []
         self.address = _lib.text(L.graphd_address(handle))
         _clients.add(self)
 
@@ -233,10 +232,13 @@ class Client:
 
     def status(self):
         """The daemon's Status as plain dicts and lists: keys "daemon", "devices", "pools",
-        "sessions", "graphs", field names as in graphd.proto."""
+        "sessions", "graphs", "others", field names as in graphd.proto. Asked as this client's
+        session (opened if need be): its uid's sessions and graphs and the pools it may use in
+        full, the rest counted in "others" (root and the daemon's user see everything)."""
         L = _lib.lib()
         with self._lock:
             self._check_open()
+            self._ensure_session()
             while True:
                 need = ctypes.c_size_t(0)
                 rc = L.graphd_status_json(self._h, None, ctypes.byref(need))
@@ -263,30 +265,54 @@ class Client:
         return devs
 
     def pools(self):
-        """Pools with their accounting: dicts with name, device, limit_bytes, reserved_bytes,
-        used_bytes, regions, sessions, created_unix_ms, graph_mempool_reserved_bytes,
-        graph_mempool_in_use_bytes (CUDA pools: the graph mempool's device memory)."""
-        return [self._struct_dict(p) for p in self._list(_lib.lib().graphd_list_pools,
-                                                          _lib.Pool)]
+        """The pools this client's session (opened if need be) may use, with their accounting:
+        dicts with name, device, limit_bytes, reserved_bytes, used_bytes, regions, sessions,
+        created_unix_ms, graph_mempool_reserved_bytes, graph_mempool_in_use_bytes (CUDA pools:
+        the graph mempool's device memory), owner_uid, owner_gid, mode ("private", "group",
+        "public") and delete_with_session."""
+        with self._lock:
+            self._check_open()
+            self._ensure_session()
+        pools = [self._struct_dict(p) for p in self._list(_lib.lib().graphd_list_pools,
+                                                           _lib.Pool)]
+        names = {v: k for k, v in _lib.POOL_MODES.items()}
+        for p in pools:
+            p["mode"] = names.get(p["mode"], p["mode"])
+            p["delete_with_session"] = bool(p["delete_with_session"])
+        return pools
 
-    def create_pool(self, name, device=None, limit_bytes=0):
-        """Creates a named pool (device default "cpu:0"; limit 0: the daemon's default) and
-        returns it as a dict. graphd.AlreadyExists, graphd.InvalidArgument, graphd.NotFound."""
+    def create_pool(self, name, device=None, limit_bytes=0, mode="private",
+                    delete_with_session=False):
+        """Creates a named pool (device default "cpu:0"; limit 0: the daemon's default) owned by
+        this client's uid and returns it as a dict. mode: "private" (sessions of this uid may
+        use it), "group" (also sessions of this gid) or "public". delete_with_session: the daemon
+        deletes it when this client's session ends, however it ends. graphd.AlreadyExists,
+        graphd.InvalidArgument, graphd.NotFound, graphd.ResourceExhausted (max_pools_per_uid)."""
+        if mode not in _lib.POOL_MODES:
+            raise ValueError("pool mode %r is not one of %s" % (mode, ", ".join(_lib.POOL_MODES)))
         info = _lib.Pool()
         with self._lock:
             self._check_open()
-            rc = _lib.lib().graphd_pool_create(self._h, name.encode(),
-                                               device.encode() if device else None,
-                                               int(limit_bytes), ctypes.byref(info))
+            self._ensure_session()
+            flags = _lib.POOL_DELETE_WITH_SESSION if delete_with_session else 0
+            rc = _lib.lib().graphd_pool_create_ex(self._h, name.encode(),
+                                                  device.encode() if device else None,
+                                                  int(limit_bytes), _lib.POOL_MODES[mode], flags,
+                                                  ctypes.byref(info))
             if rc != 0:
                 raise self._fail(rc, "CreatePool failed")
-        return self._struct_dict(info)
+        d = self._struct_dict(info)
+        d["mode"] = mode
+        d["delete_with_session"] = bool(d["delete_with_session"])
+        return d
 
     def delete_pool(self, name):
-        """Deletes an empty pool. graphd.NotFound; graphd.FailedPrecondition while it holds
-        regions."""
+        """Deletes an empty pool this client's uid owns (root and the daemon's user may delete
+        any but the default pool). graphd.NotFound; graphd.PermissionDenied for another uid's
+        pool; graphd.FailedPrecondition while it holds regions."""
         with self._lock:
             self._check_open()
+            self._ensure_session()
             rc = _lib.lib().graphd_pool_delete(self._h, name.encode())
             if rc != 0:
                 raise self._fail(rc, "DeletePool failed")
@@ -312,12 +338,9 @@ class Client:
                 return
             self._closed = True
             L = _lib.lib()
-            if self._session:
+            if self._session:  # the daemon deletes this session's own pools with it
                 L.graphd_goodbye(self._h)
                 self._session = False
-            for pool in self._owned_pools:  # empty now that the session's regions are gone
-                L.graphd_pool_delete(self._h, pool.encode())
-            self._owned_pools = []
             L.graphd_close(self._h)  # live graph and region handles keep what they map
             self._h = None
 
@@ -498,7 +521,8 @@ def default_client():
 def graph_pool_handle(name=None, device=None, client=None):
     """A pool token for make_graphed_callables(pool=...). With a name, that daemon pool (created
     when missing): the same name from several processes shares one pool. Without one, a new
-    pool private to this process, deleted when its client closes. device: a device the daemon
+    pool private to this process's uid, deleted by the daemon when its client's session ends
+    (however the process ends). device: a device the daemon
     serves ("cpu", "cuda:0", ...), where the pool is made now (a named pool that exists on
     another device is a ValueError); None, as upstream's handle, which has no device: a named
     pool that exists stays where it is, and otherwise the pool is made on the device of the
@@ -515,22 +539,26 @@ def graph_pool_handle(name=None, device=None, client=None):
 
 
 def _pool_on(c, name, dev, owned, must_match):
-    """Makes pool name on device dev (owned: private to client c, deleted when it closes) or, for
-    a name that exists, finds it; returns the pool's device. ValueError when it exists on
+    """Makes pool name on device dev (owned: deleted by the daemon with client c's session) or,
+    for a name that exists, finds it; returns the pool's device. ValueError when it exists on
     another device and must_match."""
     try:
-        info = c.create_pool(name, dev)
+        info = c.create_pool(name, dev, delete_with_session=owned)
     except GraphdError as e:
         if e.code != "ALREADY_EXISTS" or owned:
             raise
         info = next((p for p in c.pools() if p["name"] == name), None)
-        if info is None:  # deleted in between
-            info = c.create_pool(name, dev)
+        if info is None:  # deleted in between, or another uid's pool this one may not use
+            try:
+                info = c.create_pool(name, dev)
+            except GraphdError as e2:
+                if e2.code != "ALREADY_EXISTS":
+                    raise
+                raise make_error("PERMISSION_DENIED", "graphd pool %r exists and belongs to "
+                                 "another user: this uid may not use it; choose another name"
+                                 % name) from None
         elif must_match and info["device"] != dev:
             raise ValueError("graphd pool %r is on %s, not %s" % (name, info["device"], dev))
-    if owned:
-        with c._lock:
-            c._owned_pools.append(name)
     return info["device"]
 
 
