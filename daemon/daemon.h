@@ -191,7 +191,8 @@ gd_session_t *gd_session_find(gd_daemon_t *d, uint64_t id);
 /* Ends a session: closes its connection and frees everything it owns. */
 void gd_session_end(gd_daemon_t *d, gd_session_t *s, const char *why);
 void gd_sessions_end_all(gd_daemon_t *d);
-/* Ends sessions that did not attach within attach_timeout_ms. */
+/* Ends sessions that did not attach within attach_timeout_ms, and closes session-socket
+ * connections that sent no ATTACH within it. */
 void gd_sessions_expire(gd_daemon_t *d);
 
 /* Creates the socket's directory and removes a stale socket file; -1 (logged) if in use. */

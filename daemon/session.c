@@ -32,6 +32,7 @@ struct gd_conn {
     uint8_t buf[CONN_BUF];
     size_t len;
     bool closing;
+    uint64_t opened_mono_ms; /* accepted at; an unattached one is closed after attach_timeout_ms */
     gd_conn_t *next, *prev;
 };
 
@@ -335,6 +336,7 @@ static void on_connection(uv_stream_t *server, int status)
         return;
     }
     c->d = d;
+    c->opened_mono_ms = gd_now_mono_ms();
     uv_pipe_init(d->loop, &c->pipe, 0);
     c->pipe.data = c;
     if (uv_accept(server, (uv_stream_t *)&c->pipe) != 0) {
@@ -522,5 +524,18 @@ void gd_sessions_expire(gd_daemon_t *d)
         if (!s->attached && now - s->created_mono_ms > d->cfg.attach_timeout_ms)
             gd_session_end(d, s, "did not attach its session socket in time");
         s = next;
+    }
+    /* Connections that never sent ATTACH: each holds descriptors (thousands of idle ones would
+     * use up the daemon's limit and lock every new client out). */
+    gd_conn_t *c = d->conns;
+    while (c) {
+        gd_conn_t *next = c->next;
+        if (c->session == NULL && now - c->opened_mono_ms > d->cfg.attach_timeout_ms) {
+            gd_info("session socket (unattached): closed: no ATTACH within attach_timeout_ms "
+                    "(%llu)",
+                    (unsigned long long)d->cfg.attach_timeout_ms);
+            conn_close_why(c, "no ATTACH within attach_timeout_ms");
+        }
+        c = next;
     }
 }

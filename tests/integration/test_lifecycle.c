@@ -9,9 +9,13 @@
 #include <stddef.h>
 #include <cmocka.h>
 
+#include <poll.h>
 #include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -59,6 +63,44 @@ static void sigterm_with_sessions_exits_zero(void **state)
     graphd_close(idle);
     assert_true(harness_now_ms() - t0 < 5000);
     graphd_region_release(r); /* the last handle: frees a's client */
+}
+
+/* Session-socket connections that never send ATTACH are closed after attach_timeout_ms (each
+ * held two descriptors forever, and a few thousand locked new clients out at the fd limit);
+ * a client that attaches afterwards works. */
+static void unattached_connections_time_out(void **state)
+{
+    (void)state;
+    harness_t h;
+    static const char *const args[] = {"--attach-timeout-ms", "200", NULL};
+    assert_int_equal(harness_start(&h, args), 0);
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    int plen = snprintf(NULL, 0, "%s.session", h.sock_path);
+    assert_true(plen > 0 && (size_t)plen < sizeof sa.sun_path);
+    memcpy(sa.sun_path, h.sock_path, strlen(h.sock_path));
+    memcpy(sa.sun_path + strlen(h.sock_path), ".session", sizeof ".session");
+    enum { N = 20 };
+    int fds[N];
+    for (int i = 0; i < N; i++) {
+        fds[i] = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        assert_true(fds[i] >= 0);
+        assert_int_equal(connect(fds[i], (struct sockaddr *)&sa, sizeof sa), 0);
+    }
+    int64_t t0 = harness_now_ms();
+    for (int i = 0; i < N; i++) {
+        struct pollfd p = {fds[i], POLLIN, 0};
+        int left = (int)(t0 + 5000 - harness_now_ms());
+        if (poll(&p, 1, left > 0 ? left : 0) != 1)
+            fail_msg("connection %d still open %lld ms after attach_timeout_ms of 200", i,
+                     (long long)(harness_now_ms() - t0));
+        char b;
+        assert_int_equal(read(fds[i], &b, 1), 0); /* closed by the daemon */
+        close(fds[i]);
+    }
+    graphd_client_t *c = harness_client(&h, "after");
+    assert_non_null(c);
+    graphd_close(c);
+    assert_int_equal(harness_stop(&h), 0);
 }
 
 static void missing_daemon_is_unavailable_fast(void **state)
@@ -127,6 +169,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(sigterm_idle_exits_zero),
         cmocka_unit_test(sigterm_with_sessions_exits_zero),
+        cmocka_unit_test(unattached_connections_time_out),
         cmocka_unit_test(missing_daemon_is_unavailable_fast),
         cmocka_unit_test(address_resolution),
         cmocka_unit_test(error_table),
