@@ -99,6 +99,7 @@ typedef struct gd_daemon {
     uint64_t replays_dropped;      /* queued replays of ended sessions, removed unrun */
     uint64_t clients_disconnected; /* sessions ended for not reading (reply_buffer_max_bytes) */
     bool stopping;
+    bool calls_cancelled; /* the grace period after SIGTERM ran out once */
     int exit_code;
 } gd_daemon_t;
 

@@ -141,8 +141,21 @@ void gd_graphs_stop(gd_daemon_t *d)
 {
     if (uv_is_active((uv_handle_t *)&d->replay_spin))
         uv_idle_stop(&d->replay_spin);
-    for (size_t i = 0; i < d->nworkers; i++)
-        gd_worker_stop(&d->workers[i]);
+    /* The workers run what they hold, within another shutdown_grace_ms. One still in a job
+     * then is in a module that does not return (a forward that loops for ever): nothing can
+     * stop that thread, and freeing what it uses would crash, so the daemon exits around it. */
+    uint64_t wait_ms = d->cfg.shutdown_grace_ms ? d->cfg.shutdown_grace_ms : 1;
+    for (size_t i = 0; i < d->nworkers; i++) {
+        if (gd_worker_stop_within(&d->workers[i], wait_ms))
+            continue;
+        gd_error("the worker of %s is still in a call %llu ms after the last grace period (a "
+                 "module that does not return); exiting without it",
+                 d->workers[i].device, (unsigned long long)wait_ms);
+        if (strncmp(d->cfg.listen, "unix:", 5) == 0)
+            unlink(d->cfg.listen + 5);
+        fflush(stderr);
+        _exit(d->exit_code);
+    }
     d->nworkers = 0;
     while (d->gpools) {
         gd_gpool_t *p = d->gpools;

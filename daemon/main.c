@@ -138,9 +138,25 @@ static void on_rpc_idle(void *ctx)
 static void on_grace_expired(uv_timer_t *t)
 {
     gd_daemon_t *d = t->data;
-    gd_warn("calls still in flight after %llu ms; cancelling them",
-            (unsigned long long)d->cfg.shutdown_grace_ms);
-    gd_rpc_cancel_all(d->rpc);
+    if (!d->calls_cancelled) {
+        gd_warn("calls still in flight after %llu ms; cancelling them",
+                (unsigned long long)d->cfg.shutdown_grace_ms);
+        d->calls_cancelled = true;
+        gd_rpc_cancel_all(d->rpc);
+        uv_timer_start(&d->grace, on_grace_expired,
+                       d->cfg.shutdown_grace_ms ? d->cfg.shutdown_grace_ms : 1, 0);
+        return;
+    }
+    /* A cancelled call whose job never comes back: a worker in a module that does not return
+     * (a forward that loops for ever). Nothing can stop that thread, and tearing down what it
+     * uses would crash, so the daemon exits around it. */
+    gd_error("calls still in flight %llu ms after they were cancelled (a module that does not "
+             "return?); exiting without them",
+             (unsigned long long)d->cfg.shutdown_grace_ms);
+    if (strncmp(d->cfg.listen, "unix:", 5) == 0)
+        unlink(d->cfg.listen + 5);
+    fflush(stderr);
+    _exit(d->exit_code);
 }
 
 static void stop(gd_daemon_t *d, const char *why)

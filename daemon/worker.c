@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <sys/sysinfo.h>
 
 #define MAX_SPARE 16
@@ -308,11 +309,29 @@ uint64_t gd_worker_session_ended(gd_worker_t *w, uint64_t session)
 
 void gd_worker_stop(gd_worker_t *w)
 {
+    (void)gd_worker_stop_within(w, 0);
+}
+
+bool gd_worker_stop_within(gd_worker_t *w, uint64_t wait_ms)
+{
     pthread_mutex_lock(&w->lock);
     w->stopping = true;
     pthread_cond_signal(&w->cond);
     pthread_mutex_unlock(&w->lock);
-    pthread_join(w->thread, NULL);
+    if (wait_ms == 0) {
+        pthread_join(w->thread, NULL);
+    } else {
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_sec += (time_t)(wait_ms / 1000);
+        until.tv_nsec += (long)(wait_ms % 1000) * 1000000L;
+        if (until.tv_nsec >= 1000000000L) {
+            until.tv_sec++;
+            until.tv_nsec -= 1000000000L;
+        }
+        if (pthread_timedjoin_np(w->thread, NULL, &until) != 0)
+            return false; /* still in a job: left as it is, for the process to exit */
+    }
     on_done(&w->async); /* run the done callbacks of the last jobs */
     uv_close((uv_handle_t *)&w->async, NULL);
     while (w->spare) {
@@ -322,4 +341,5 @@ void gd_worker_stop(gd_worker_t *w)
     }
     free(w->daemon_q);
     w->daemon_q = NULL;
+    return true;
 }

@@ -84,5 +84,9 @@ int gd_worker_submit(gd_worker_t *w, gd_job_t *job);
 uint64_t gd_worker_session_ended(gd_worker_t *w, uint64_t session);
 /* Runs the jobs already queued, then stops and joins the thread and closes the async handle. */
 void gd_worker_stop(gd_worker_t *w);
+/* The same, waiting at most wait_ms (0: for ever) for the job the worker is in. false when it is
+ * still in it (a module that never returns): the thread and the worker are left as they are, and
+ * the caller must not free what the job may touch; the process should exit. */
+bool gd_worker_stop_within(gd_worker_t *w, uint64_t wait_ms);
 
 #endif

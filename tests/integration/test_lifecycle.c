@@ -103,6 +103,41 @@ static void unattached_connections_time_out(void **state)
     assert_int_equal(harness_stop(&h), 0);
 }
 
+/* SIGTERM while a capture runs a forward that never returns: the call is cancelled after the
+ * grace period, the device's worker cannot be stopped, and the daemon exits around it (it used to
+ * wait for the worker for ever). */
+static void sigterm_with_a_call_that_never_returns(void **state)
+{
+    (void)state;
+    harness_fixture_t f;
+    static const char *const args[] = {"--shutdown-grace-ms", "300", NULL};
+    assert_int_equal(harness_fixture_start(&f, args), 0);
+    pid_t child = fork();
+    assert_true(child >= 0);
+    if (child == 0) {
+        graphd_client_t *c = harness_client(&f.h, "forever");
+        uint64_t id = c ? harness_models_register(c, &f.m, "forever.pt") : 0;
+        graphd_tensor_spec_t arg;
+        memset(&arg, 0, sizeof arg);
+        arg.dtype = GRAPHD_FLOAT32;
+        arg.ndim = 1;
+        arg.shape[0] = 4;
+        graphd_callable_t callable = {id, NULL, 1, &arg};
+        graphd_graph_t *g = NULL;
+        if (id != 0)
+            graphd_capture(c, 1, &callable, NULL, &g); /* returns when the daemon is gone */
+        _exit(0);
+    }
+    usleep(1500 * 1000); /* the capture is in its warm-up by now */
+    int64_t t0 = harness_now_ms();
+    assert_int_equal(harness_fixture_stop(&f), 0);
+    int64_t took = harness_now_ms() - t0;
+    if (took > 5000)
+        fail_msg("graphd took %lld ms to exit after SIGTERM", (long long)took);
+    kill(child, SIGKILL);
+    waitpid(child, NULL, 0);
+}
+
 static void missing_daemon_is_unavailable_fast(void **state)
 {
     (void)state;
@@ -170,6 +205,7 @@ int main(void)
         cmocka_unit_test(sigterm_idle_exits_zero),
         cmocka_unit_test(sigterm_with_sessions_exits_zero),
         cmocka_unit_test(unattached_connections_time_out),
+        cmocka_unit_test(sigterm_with_a_call_that_never_returns),
         cmocka_unit_test(missing_daemon_is_unavailable_fast),
         cmocka_unit_test(address_resolution),
         cmocka_unit_test(error_table),

@@ -332,11 +332,22 @@ class Hungry(nn.Module):
         return y
 
 
+class Forever(nn.Module):
+    """A forward that never returns."""
+
+    def forward(self, x):
+        i = 0
+        while i >= 0:
+            i = i + 1
+        return x + i
+
+
 def make_hungry(out):
     """hungry.pt: 256 MiB in one forward; churn.pt: 1 MiB 40 times in one forward."""
     torch.manual_seed(321)
     torch.jit.script(Hungry(64 << 20, 1)).save(os.path.join(out, "hungry.pt"))
     torch.jit.script(Hungry(256 << 10, 40)).save(os.path.join(out, "churn.pt"))
+    torch.jit.script(Forever()).save(os.path.join(out, "forever.pt"))
 
 
 def make_reaching(out):
