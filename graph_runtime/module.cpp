@@ -9,6 +9,7 @@
 #include "engine_int.h"
 
 #include <atomic>
+#include <cctype>
 #include <cstring>
 #include <istream>
 #include <mutex>
@@ -19,7 +20,6 @@
 #include <c10/util/accumulate.h>
 #include <caffe2/serialize/inline_container.h>
 #include <caffe2/serialize/read_adapter_interface.h>
-#include <regex>
 #include <torch/csrc/jit/ir/constants.h>
 #include <torch/csrc/jit/ir/ir.h>
 #include <torch/version.h>
@@ -248,12 +248,77 @@ class MemoryReader : public caffe2::serialize::ReadAdapterInterface
     size_t len_;
 };
 
+/* A small scanner over printed TorchScript: blanks, line joins and comments between tokens. */
+struct Scanner {
+    const std::string &s;
+    size_t i = 0;
+
+    static bool ident_char(char c)
+    {
+        return std::isalnum(static_cast<unsigned char>(c)) || c == '_';
+    }
+    void skip_separators()
+    {
+        while (i < s.size()) {
+            if (std::isspace(static_cast<unsigned char>(s[i])) || s[i] == '\\') {
+                i++;
+            } else if (s[i] == '#') {
+                while (i < s.size() && s[i] != '\n')
+                    i++;
+            } else {
+                break;
+            }
+        }
+    }
+    bool dot()
+    {
+        skip_separators();
+        if (i < s.size() && s[i] == '.') {
+            i++;
+            skip_separators();
+            return true;
+        }
+        return false;
+    }
+    std::string ident()
+    {
+        size_t start = i;
+        while (i < s.size() && ident_char(s[i]))
+            i++;
+        return s.substr(start, i - start);
+    }
+};
+
+/* Every "<ns>.<name>" after a word ops or classes in code: the operators (ops.<ns>.<name>) and
+ * custom classes (torch.classes.<ns>.<name>) it names. */
+std::vector<std::pair<std::string, std::string>> namespaced_uses(const std::string &code)
+{
+    std::vector<std::pair<std::string, std::string>> uses;
+    Scanner sc{code};
+    while (sc.i < code.size()) {
+        if (!Scanner::ident_char(code[sc.i])) {
+            sc.i++;
+            continue;
+        }
+        std::string word = sc.ident();
+        if (word != "ops" && word != "classes")
+            continue;
+        size_t resume = sc.i;
+        if (sc.dot()) {
+            std::string ns = sc.ident();
+            if (!ns.empty() && sc.dot()) {
+                std::string name = sc.ident();
+                if (!name.empty())
+                    uses.emplace_back(ns, name);
+            }
+        }
+        sc.i = std::max(resume, sc.i);
+    }
+    return uses;
+}
+
 std::string code_denied(const void *bytes, size_t len)
 {
-    static const std::regex ns_use(
-        R"((?:\bops|\bclasses)(?:\s|\\|#[^\n]*)*\.(?:\s|\\|#[^\n]*)*)"
-        R"(([A-Za-z_][A-Za-z0-9_]*)(?:\s|\\|#[^\n]*)*\.(?:\s|\\|#[^\n]*)*)"
-        R"(([A-Za-z_][A-Za-z0-9_]*))");
     caffe2::serialize::PyTorchStreamReader reader(std::make_shared<MemoryReader>(bytes, len));
     for (const std::string &name : reader.getAllRecords()) {
         if (name.rfind("code/", 0) != 0 || name.size() < 3 ||
@@ -266,8 +331,8 @@ std::string code_denied(const void *bytes, size_t len)
                 return "its code (" + name + ") names '" + d +
                        "', which reaches outside the "
                        "module's tensors (files or memory); graphd refuses it";
-        for (std::sregex_iterator it(code.begin(), code.end(), ns_use), end; it != end; ++it) {
-            std::string why = op_denied((*it)[1].str(), (*it)[2].str());
+        for (const auto &use : namespaced_uses(code)) {
+            std::string why = op_denied(use.first, use.second);
             if (!why.empty())
                 return "its code (" + name + ") " + why.substr(3);
         }
