@@ -252,6 +252,10 @@ static int start(gd_daemon_t *d)
     if (gd_sessions_listen(d) != 0)
         return -1;
     gd_info("graphd %s listening on %s (pid %d)", GRAPHD_VERSION, d->cfg.listen, (int)getpid());
+    /* Which protections are off, so that an operator does not have to read the docs to know. */
+    gd_info("isolation: module code runs inside this process (no executor processes yet), so "
+            "no Landlock, seccomp, per-call time bound or per-tenant memory bound; on: module "
+            "checks, max_call_memory_bytes, owners and visibility (docs/SECURITY.md)");
     return 0;
 }
 
