@@ -224,6 +224,7 @@ static void a_client_that_never_reads_is_disconnected(void **state)
     /* The reader still works, and the daemon said why in its log. */
     replay_ns(&gb);
     harness_graph_release(&gb);
+    harness_graph_release(&ga); /* its session is over: frees the handle */
     graphd_close(b);
     graphd_close(a);
     assert_int_equal(harness_stop(&f->h), 0);
@@ -309,6 +310,7 @@ static void a_full_queue_delays_others_by_a_few_jobs_and_is_dropped_at_exit(void
     /* All but those that ran before the exit (a few seconds' worth at most). */
     assert_true(dropped >= QUEUED / 2);
     harness_graph_release(&gb);
+    harness_graph_release(&ga); /* its session is over: frees the handle */
     graphd_close(b);
     graphd_close(a);
     assert_int_equal(harness_stop(&f->h), 0);
