@@ -134,6 +134,10 @@ int gd_wire_send_bytes(gd_wire_t *w, const graphd_frame_t *f, const void *msg, s
 
 /* lifetime.c, modules.c, capture.c, replay.c: modules, captures, graphs and replays. */
 int gd_graphs_start(gd_daemon_t *d);
+/* Exits the process now, with d->exit_code, leaving a thread stuck in a module's code as it is
+ * (nothing can stop it, and freeing what it uses would crash): removes the socket file and
+ * flushes the log first. For the stop path only. */
+_Noreturn void gd_exit_around_stuck_work(gd_daemon_t *d);
 /* Stops the workers (after running what they hold) and frees the runtime state. */
 void gd_graphs_stop(gd_daemon_t *d);
 /* Releases a session's graphs and modules (their regions go with the session's). */

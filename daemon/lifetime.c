@@ -137,6 +137,14 @@ void gd_module_unref(gd_daemon_t *d, gd_module_t *m)
     free(m);
 }
 
+_Noreturn void gd_exit_around_stuck_work(gd_daemon_t *d)
+{
+    if (strncmp(d->cfg.listen, "unix:", 5) == 0)
+        unlink(d->cfg.listen + 5);
+    fflush(stderr);
+    _exit(d->exit_code);
+}
+
 void gd_graphs_stop(gd_daemon_t *d)
 {
     if (uv_is_active((uv_handle_t *)&d->replay_spin))
@@ -151,10 +159,7 @@ void gd_graphs_stop(gd_daemon_t *d)
         gd_error("the worker of %s is still in a call %llu ms after the last grace period (a "
                  "module that does not return); exiting without it",
                  d->workers[i].device, (unsigned long long)wait_ms);
-        if (strncmp(d->cfg.listen, "unix:", 5) == 0)
-            unlink(d->cfg.listen + 5);
-        fflush(stderr);
-        _exit(d->exit_code);
+        gd_exit_around_stuck_work(d);
     }
     d->nworkers = 0;
     while (d->gpools) {

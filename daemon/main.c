@@ -153,10 +153,7 @@ static void on_grace_expired(uv_timer_t *t)
     gd_error("calls still in flight %llu ms after they were cancelled (a module that does not "
              "return?); exiting without them",
              (unsigned long long)d->cfg.shutdown_grace_ms);
-    if (strncmp(d->cfg.listen, "unix:", 5) == 0)
-        unlink(d->cfg.listen + 5);
-    fflush(stderr);
-    _exit(d->exit_code);
+    gd_exit_around_stuck_work(d);
 }
 
 static void stop(gd_daemon_t *d, const char *why)
