@@ -65,7 +65,7 @@ GEN_H := $(BUILD)/gen/graphd.pb-c.h
 GEN_O := $(BUILD)/obj/gen/graphd.pb-c.o
 
 PM_SRC     := $(wildcard pool_manager/*.c)
-GR_CSRC    := $(wildcard graph_runtime/*.c)
+GR_CSRC    := $(filter-out graph_runtime/executor.c,$(wildcard graph_runtime/*.c))
 GR_CXXSRC  := $(wildcard graph_runtime/*.cpp)
 ifeq ($(TORCH_CUDA),)
 GR_CXXSRC  := $(filter-out graph_runtime/family_cuda.cpp,$(GR_CXXSRC))
@@ -93,7 +93,7 @@ BENCH_BIN := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
 RT_LIBS := $(if $(GR_CXXSRC),$(TORCH_LIBS) -lstdc++)
 
 .PHONY: all deps test unit integration python-test asan demo install format lint bench clean help
-all: $(BUILD)/graphd $(SOCLI) $(BUILD)/graphctl $(UNIT_BIN) $(INTEG_BIN) $(BENCH_BIN)
+all: $(BUILD)/graphd $(BUILD)/graphd-executor $(SOCLI) $(BUILD)/graphctl $(UNIT_BIN) $(INTEG_BIN) $(BENCH_BIN)
 
 help:
 	@echo "make deps      install the Debian packages graphd needs (root)"
@@ -143,6 +143,10 @@ $(TESTLIB): $(call obj,$(TESTLIB_SRC))
 $(BUILD)/graphd: $(BUILD)/obj/daemon/main.o $(LIBGD) $(LIBGR) $(LIBPM)
 	$(call say,LINK,$@)$(CXX) $(LDFLAGS_ALL) -o $@ $^ $(RT_LIBS) $(LDLIBS_ALL)
 
+# The executor process (one per tenant uid and device): a main around libgr.
+$(BUILD)/graphd-executor: $(BUILD)/obj/graph_runtime/executor.o $(LIBGR)
+	$(call say,LINK,$@)$(CXX) $(LDFLAGS_ALL) -o $@ $^ $(RT_LIBS) $(LDLIBS_ALL)
+
 $(SOCLI): $(call obj,$(CLI_SRC)) $(GEN_O)
 	$(call say,LINK,$@)$(CC) -shared $(LDFLAGS_ALL) -Wl,-soname,libgraphd.so.0 -o $@ $^ $(LDLIBS_ALL)
 	@ln -sf libgraphd.so $(BUILD)/libgraphd.so.0 # the soname graphctl and the tests load
@@ -154,6 +158,8 @@ $(BUILD)/graphctl: $(BUILD)/obj/client/c/graphctl.o $(SOCLI)
 $(BUILD)/tests/unit/%: $(BUILD)/obj/tests/unit/%.o $(LIBGD) $(LIBGR) $(LIBPM) $(LIBCLI)
 	@mkdir -p $(dir $@)
 	$(call say,LINK,$@)$(CXX) $(LDFLAGS_ALL) -o $@ $^ $(RT_LIBS) $(LDLIBS_ALL) -lcmocka
+# test_executor spawns $(BUILD)/graphd-executor.
+$(BUILD)/tests/unit/test_executor: | $(BUILD)/graphd-executor
 
 $(BUILD)/tests/integration/%: $(BUILD)/obj/tests/integration/%.o $(call obj,$(TESTLIB_SRC)) $(SOCLI)
 	@mkdir -p $(dir $@)
@@ -178,7 +184,7 @@ demo: deps
 bench: all
 	@BUILD=$(BUILD) PYTHON=$(PYTHON) bench/run.sh
 
-install: $(BUILD)/graphd $(SOCLI) $(BUILD)/graphctl
+install: $(BUILD)/graphd $(BUILD)/graphd-executor $(SOCLI) $(BUILD)/graphctl
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/sbin $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/include
 	install -m 755 $(BUILD)/graphd $(DESTDIR)$(PREFIX)/sbin/graphd
 	install -m 755 $(BUILD)/graphctl $(DESTDIR)$(PREFIX)/bin/graphctl

@@ -1,0 +1,1450 @@
+/*
+ * graphd-executor: runs graph_runtime's C ABI for one tenant on one device, driven by the daemon
+ * over the executor channel (exec_proto.h). It owns that tenant's modules, pools, captures,
+ * graphs (and the mappings of their static blocks), device blocks, events and sequence counters,
+ * each in a table keyed by an id of its own (from 1, never reused).
+ *
+ * Everything on the channel is checked as hostile input: a request that does not parse, or
+ * names an object this executor does not hold, gets an error reply and the executor goes on;
+ * only a message that cannot be framed (bad magic, a payload over GX_MAX_PAYLOAD, a short read)
+ * ends it (exit 3). EOF on the channel ends it cleanly (exit 0), freeing everything.
+ *
+ * Threads: the main thread serves GX_CHANNEL_FD; one more serves GX_URGENT_FD (SEQ_RELEASE, no
+ * reply), sharing the seq table under a mutex. Only the main thread creates or destroys objects.
+ */
+#include "exec_proto.h"
+#include "runtime.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define EXIT_USAGE 2  /* bad arguments, or the runtime refused them */
+#define EXIT_BROKEN 3 /* a message on the channel that cannot be framed */
+
+#define METHOD_MAX 256   /* bytes of a method name, NUL included */
+#define MAX_CALLABLES 64 /* one memfd each (GX_MAX_FDS); the daemon's bound too */
+#define MAX_ARGS 256     /* sample args of one callable, as the daemon's bound */
+#define MAX_PATHS 64     /* --read / --rw each */
+#define OFF_MAX 256      /* bytes of READY's "off" text */
+#define ERR_MAX 1024     /* bytes of an error reply's message */
+#define URGENT_MAX 4096  /* largest payload the urgent socket skips over */
+
+/* ---- arguments and READY ------------------------------------------------------------------ */
+
+typedef struct exec_args {
+    char device[GR_DEVICE_MAX];
+    int intra_op_threads;
+    int cpu_devices; /* 0: not given */
+    uint64_t max_unpacked;
+    bool max_unpacked_set;
+    uint64_t call_memory;
+    bool no_sandbox;
+    const char *read_paths[MAX_PATHS];
+    size_t n_read;
+    const char *rw_paths[MAX_PATHS];
+    size_t n_rw;
+} exec_args_t;
+
+typedef struct ready_info {
+    uint32_t no_new_privs;
+    uint32_t landlock_abi; /* 0: Landlock not applied */
+    uint32_t seccomp;      /* 1: a seccomp filter is on */
+    char off[OFF_MAX];     /* which protections are off, and why ("" when none) */
+} ready_info_t;
+
+/* ---- object tables ------------------------------------------------------------------------ */
+
+/* A block DEVICE_ALLOC gave out; CAPTURE_FINISH and DEVICE_FREE accept no other pointer. */
+typedef struct devblock {
+    void *ptr;
+    uint64_t bytes;
+    char device[GR_DEVICE_MAX];
+    uint32_t users; /* graphs captured over it: DEVICE_FREE is GR_EBUSY until they are gone */
+} devblock_t;
+
+/* One object; obj is its gr_ handle, the rest is per kind. */
+typedef struct entry {
+    uint64_t id;
+    void *obj;
+    /* captures */
+    size_t n;
+    int resident;
+    uint64_t *totals; /* n static block sizes */
+    /* graphs */
+    void *map; /* the host block's mapping (NULL for a device block) */
+    size_t map_len;
+    devblock_t *dev; /* the device block (NULL for a host block) */
+} entry_t;
+
+/* Entries in increasing id order (ids only grow), so a look-up is a binary search. */
+typedef struct table {
+    const char *what; /* "module": for messages */
+    entry_t *v;
+    size_t n, cap;
+    uint64_t next_id;
+} table_t;
+
+static struct {
+    exec_args_t args;
+    table_t modules, pools, captures, graphs, events, seqs;
+    pthread_mutex_t seq_lock; /* seqs: the urgent thread looks up and releases under it */
+    devblock_t **devblocks;
+    size_t n_devblocks, cap_devblocks;
+    char err[ERR_MAX]; /* the message of the failing request (main thread only) */
+} X = {
+    .modules = {"module", NULL, 0, 0, 1},
+    .pools = {"pool", NULL, 0, 0, 1},
+    .captures = {"capture", NULL, 0, 0, 1},
+    .graphs = {"graph", NULL, 0, 0, 1},
+    .events = {"event", NULL, 0, 0, 1},
+    .seqs = {"seq", NULL, 0, 0, 1},
+    .seq_lock = PTHREAD_MUTEX_INITIALIZER,
+};
+
+/* Room for n more entries, so that adding them cannot fail. */
+static bool table_reserve(table_t *t, size_t n)
+{
+    if (t->n + n <= t->cap)
+        return true;
+    size_t cap = t->cap ? t->cap : 16;
+    while (cap < t->n + n)
+        cap *= 2;
+    entry_t *v = realloc(t->v, cap * sizeof *v);
+    if (v == NULL)
+        return false;
+    t->v = v;
+    t->cap = cap;
+    return true;
+}
+
+/* Adds obj under a fresh id (0 when out of memory). */
+static entry_t *table_add(table_t *t, void *obj)
+{
+    if (!table_reserve(t, 1))
+        return NULL;
+    entry_t *e = &t->v[t->n++];
+    memset(e, 0, sizeof *e);
+    e->id = t->next_id++;
+    e->obj = obj;
+    return e;
+}
+
+static entry_t *table_find(const table_t *t, uint64_t id)
+{
+    size_t lo = 0, hi = t->n;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (t->v[mid].id == id)
+            return &t->v[mid];
+        if (t->v[mid].id < id)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return NULL;
+}
+
+static void table_remove(table_t *t, entry_t *e)
+{
+    size_t i = (size_t)(e - t->v);
+    memmove(&t->v[i], &t->v[i + 1], (t->n - i - 1) * sizeof *e);
+    t->n--;
+}
+
+static devblock_t *devblock_find(const void *ptr)
+{
+    for (size_t i = 0; i < X.n_devblocks; i++)
+        if (X.devblocks[i]->ptr == ptr)
+            return X.devblocks[i];
+    return NULL;
+}
+
+/* ---- errors ------------------------------------------------------------------------------- */
+
+/* Keeps the message of a refused request; returns rc. */
+__attribute__((format(printf, 2, 3))) static int reject(int rc, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(X.err, sizeof X.err, fmt, ap);
+    va_end(ap);
+    return rc;
+}
+
+/* A gr_ call failed: its message is the reply's. */
+static int gr_failed(int rc)
+{
+    snprintf(X.err, sizeof X.err, "%s", gr_last_error());
+    return rc;
+}
+
+static int not_found(const table_t *t, uint64_t id)
+{
+    return reject(GR_ENOTFOUND, "no %s %" PRIu64 " in this executor", t->what, id);
+}
+
+/* The payload parsed exactly: nothing missing, nothing left over. */
+static int parsed(const gx_rbuf_t *r, const char *op)
+{
+    if (r->bad)
+        return reject(GR_EINVAL,
+                      "%s: malformed payload (truncated, or a string too long or "
+                      "holding a NUL)",
+                      op);
+    if (r->pos != r->len)
+        return reject(GR_EINVAL, "%s: %zu bytes after the payload's end", op, r->len - r->pos);
+    return GR_OK;
+}
+
+/* A device string of a request: it must be this executor's device. */
+static int check_device(const char *device, const char *op)
+{
+    if (strcmp(device, X.args.device) != 0)
+        return reject(GR_EINVAL, "%s: device '%s' is not this executor's device '%s'", op, device,
+                      X.args.device);
+    return GR_OK;
+}
+
+/* ---- the channel -------------------------------------------------------------------------- */
+
+typedef struct msg {
+    gx_msg_hdr_t hdr;
+    uint8_t *payload; /* hdr.len bytes; NULL when they did not fit in memory (then skipped) */
+    int fds[GX_MAX_FDS];
+    size_t nfds;
+    bool fds_lost; /* more fds than GX_MAX_FDS, or the kernel cut them (MSG_CTRUNC) */
+} msg_t;
+
+static void msg_close_fds(msg_t *m)
+{
+    for (size_t i = 0; i < m->nfds; i++)
+        if (m->fds[i] >= 0)
+            close(m->fds[i]);
+    m->nfds = 0;
+}
+
+/* Reads exactly n bytes (into buf, or discarded when buf is NULL), keeping any fds that come
+ * with them. 1: done; 0: EOF before the first byte; -1: EOF or an error part way. */
+static int read_full(int fd, void *buf, uint64_t n, msg_t *m)
+{
+    static uint8_t sink[65536];
+    uint64_t got = 0;
+    while (got < n) {
+        size_t want = (size_t)(n - got);
+        if (buf == NULL && want > sizeof sink)
+            want = sizeof sink;
+        struct iovec iov = {buf ? (uint8_t *)buf + got : sink, want};
+        union {
+            char b[CMSG_SPACE(sizeof(int) * GX_MAX_FDS)];
+            struct cmsghdr align;
+        } ctl;
+        struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
+        if (m) {
+            mh.msg_control = ctl.b;
+            mh.msg_controllen = sizeof ctl.b;
+        }
+        ssize_t r = recvmsg(fd, &mh, MSG_CMSG_CLOEXEC);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0)
+            return -1;
+        if (m) {
+            if (mh.msg_flags & MSG_CTRUNC)
+                m->fds_lost = true;
+            for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
+                if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
+                    continue;
+                size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+                const uint8_t *data = CMSG_DATA(c);
+                for (size_t i = 0; i < k; i++) {
+                    int one;
+                    memcpy(&one, data + i * sizeof(int), sizeof one);
+                    if (m->nfds < GX_MAX_FDS)
+                        m->fds[m->nfds++] = one;
+                    else {
+                        close(one);
+                        m->fds_lost = true;
+                    }
+                }
+            }
+        }
+        if (r == 0)
+            return got == 0 ? 0 : -1;
+        got += (uint64_t)r;
+    }
+    return 1;
+}
+
+/* Reads one message. 1: one read; 0: EOF between messages; -1: broken (message on stderr). */
+static int read_msg(int fd, msg_t *m, const char *channel)
+{
+    memset(m, 0, sizeof *m);
+    int r = read_full(fd, &m->hdr, sizeof m->hdr, m);
+    if (r == 0 && m->nfds == 0)
+        return 0;
+    if (r <= 0) {
+        fprintf(stderr, "graphd-executor: %s: the channel ended inside a message header\n",
+                channel);
+        goto broken;
+    }
+    if (m->hdr.magic != GX_MAGIC) {
+        fprintf(stderr, "graphd-executor: %s: bad magic 0x%08" PRIx32 " (want 0x%08x)\n", channel,
+                m->hdr.magic, GX_MAGIC);
+        goto broken;
+    }
+    if (m->hdr.len > GX_MAX_PAYLOAD) {
+        fprintf(stderr,
+                "graphd-executor: %s: payload of %" PRIu64 " bytes is over GX_MAX_PAYLOAD\n",
+                channel, m->hdr.len);
+        goto broken;
+    }
+    if (m->hdr.len > 0)
+        m->payload = malloc((size_t)m->hdr.len); /* NULL: skipped, and GR_ENOMEM */
+    if (m->hdr.len > 0 && read_full(fd, m->payload, m->hdr.len, m) != 1) {
+        fprintf(stderr,
+                "graphd-executor: %s: the channel ended inside a %" PRIu64 "-byte payload\n",
+                channel, m->hdr.len);
+        goto broken;
+    }
+    return 1;
+broken:
+    free(m->payload);
+    m->payload = NULL;
+    msg_close_fds(m);
+    return -1;
+}
+
+/* Sends a whole message; false when the daemon's end is gone. */
+static bool send_msg(int fd, uint32_t op, uint64_t seq, int32_t rc, const void *payload, size_t len)
+{
+    gx_msg_hdr_t h = {GX_MAGIC, op, seq, len, rc, 0};
+    struct iovec iov[2] = {{&h, sizeof h}, {(void *)payload, len}};
+    size_t total = sizeof h + len, sent = 0;
+    while (sent < total) {
+        struct iovec part[2];
+        int k = 0;
+        size_t skip = sent;
+        for (int i = 0; i < 2; i++) {
+            if (skip >= iov[i].iov_len) {
+                skip -= iov[i].iov_len;
+                continue;
+            }
+            part[k].iov_base = (uint8_t *)iov[i].iov_base + skip;
+            part[k].iov_len = iov[i].iov_len - skip;
+            skip = 0;
+            k++;
+        }
+        struct msghdr mh = {.msg_iov = part, .msg_iovlen = (size_t)k};
+        ssize_t r = sendmsg(fd, &mh, MSG_NOSIGNAL);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            return false;
+        sent += (size_t)r;
+    }
+    return true;
+}
+
+/* ---- the sandbox -------------------------------------------------------------------------- */
+
+/*
+ * SANDBOX: the one place the executor restricts itself, after the runtime is set up and before
+ * it reads any request (so before any module loads). For now only no_new_privs;
+ * graph_runtime/sandbox.{c,h} (gr_sandbox_enter: Landlock over a->read_paths / a->rw_paths,
+ * seccomp) is wired in here at merge. Fills the READY fields; a failure to restrict is fatal
+ * (the caller exits).
+ */
+static int enter_sandbox(const exec_args_t *a, ready_info_t *r)
+{
+    memset(r, 0, sizeof *r);
+    if (a->no_sandbox) {
+        snprintf(r->off, sizeof r->off, "sandbox disabled (--no-sandbox)");
+        return 0;
+    }
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) {
+        fprintf(stderr, "graphd-executor: prctl(PR_SET_NO_NEW_PRIVS): %s\n", strerror(errno));
+        return -1;
+    }
+    r->no_new_privs = 1;
+    r->landlock_abi = 0;
+    r->seccomp = 0;
+    snprintf(r->off, sizeof r->off, "sandbox not built yet");
+    return 0;
+}
+
+/* ---- ops ---------------------------------------------------------------------------------- */
+
+typedef int (*op_fn)(gx_rbuf_t *r, msg_t *m, gx_wbuf_t *out);
+
+static int op_module_load(gx_rbuf_t *r, msg_t *m, gx_wbuf_t *out)
+{
+    (void)m;
+    uint64_t n = 0;
+    const void *bytes = gx_get_bytes(r, &n);
+    int rc = parsed(r, "MODULE_LOAD");
+    if (rc)
+        return rc;
+    if (!table_reserve(&X.modules, 1))
+        return reject(GR_ENOMEM, "MODULE_LOAD: out of memory for the module table");
+    gr_module_t *mod = NULL;
+    rc = gr_module_load(bytes, (size_t)n, &mod);
+    if (rc)
+        return gr_failed(rc);
+    gr_module_info_t info;
+    rc = gr_module_info(mod, &info);
+    if (rc) {
+        rc = gr_failed(rc);
+        gr_module_release(mod);
+        return rc;
+    }
+    entry_t *e = table_add(&X.modules, mod);
+    gx_put_u64(out, e->id);
+    gx_put(out, &info, sizeof info);
+    return GR_OK;
+}
+
+static int op_module_release(gx_rbuf_t *r, msg_t *m, gx_wbuf_t *out)
+{
+    (void)m;
+    (void)out;
+    uint32_t n = gx_get_u32(r);
+    if (!r->bad && (uint64_t)n * 8 != r->len - r->pos)
+        return reject(GR_EINVAL, "MODULE_RELEASE: %u ids, but %zu bytes follow", n,
+                      r->len - r->pos);
+    const uint8_t *ids = gx_get_span(r, (size_t)n * 8);
+    int rc = parsed(r, "MODULE_RELEASE");
+    if (rc)
+        return rc;
+    /* All or nothing: every id must be held, and at most once. */
+    for (uint32_t i = 0; i < n; i++) {
+        uint64_t id;
+        memcpy(&id, ids + (size_t)i * 8, 8);
+        if (table_find(&X.modules, id) == NULL)
+            return not_found(&X.modules, id);
+        for (uint32_t k = 0; k < i; k++)
+            if (memcmp(ids + (size_t)k * 8, &id, 8) == 0)
+                return reject(GR_EINVAL, "MODULE_RELEASE: module %" PRIu64 " listed twice", id);
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        uint64_t id;
+        memcpy(&id, ids + (size_t)i * 8, 8);
+        entry_t *e = table_find(&X.modules, id);
+        gr_module_release(e->obj);
+        table_remove(&X.modules, e);
+    }
+    return GR_OK;
+}
+
+static int op_pool_create(gx_rbuf_t *r, msg_t *m, gx_wbuf_t *out)
+{
+    (void)m;
+    char device[GR_DEVICE_MAX];
+    gx_get_str(r, device, sizeof device);
+    int rc = parsed(r, "POOL_CREATE");
+    if (rc || (rc = check_device(device, "POOL_CREATE")))
+        return rc;
+    if (!table_reserve(&X.pools, 1))
+        return reject(GR_ENOMEM, "POOL_CREATE: out of memory for the pool table");
+    gr_pool_t *p = NULL;
+    rc = gr_pool_create(device, &p);
+    if (rc)
+        return gr_failed(rc);
+    gx_put_u64(out, table_add(&X.pools, p)->id);
+    return GR_OK;
+}
+
+static int op_pool_destroy(gx_rbuf_t *r, msg_t *m, gx_wbuf_t *out)
+{
+    (void)m;
+    (void)out;
+    uint64_t id = gx_get_u64(r);
+    int rc = parsed(r, "POOL_DESTROY");
+    if (rc)
+        return rc;
+    entry_t *e = table_find(&X.pools, id);
+    if (e == NULL)
+        return not_found(&X.pools, id);
+    rc = gr_pool_destroy(e->obj);
+    if (rc)
+        return gr_failed(rc);
+    table_remove(&X.pools, e);
+    return GR_OK;
+}
+
+static int op_pool_memory(gx_rbuf_t *r, msg_t *m, gx_wbuf_t *out)
+{
+    (void)m;
+    uint64_t id = gx_get_u64(r);
+    int rc = parsed(r, "POOL_MEMORY");
+    if (rc)
+        return rc;
+    entry_t *e = table_find(&X.pools, id);
+    if (e == NULL)
+        return not_found(&X.pools, id);
+    uint64_t reserved = 0, in_use = 0;
+    rc = gr_pool_memory(e->obj, &reserved, &in_use);
+    if (rc)
+        return gr_failed(rc);
+    gx_put_u64(out, reserved);
+    gx_put_u64(out, in_use);
+    return GR_OK;
+}
+
+/* One sample arg of a CAPTURE_PREPARE request, checked as the runtime will read it. */
+static int get_arg(gx_rbuf_t *r, gr_arg_spec_t *a, size_t ci, size_t ai)
+{
+    memset(a, 0, sizeof *a);
+    a->dtype = gx_get_i32(r);
+    a->ndim = gx_get_u32(r);
+    if (r->bad)
+        return parsed(r, "CAPTURE_PREPARE");
+    if (a->ndim > GR_MAX_DIMS)
+        return reject(GR_EINVAL,
+                      "CAPTURE_PREPARE: callable %zu arg %zu: ndim %u is over GR_MAX_DIMS (%d)", ci,
+                      ai, a->ndim, GR_MAX_DIMS);
+    size_t esize = gr_dtype_size(a->dtype);
+    if (esize == 0)
+        return reject(GR_EINVAL, "CAPTURE_PREPARE: callable %zu arg %zu: dtype %d is not a dtype",
+                      ci, ai, a->dtype);
+    uint64_t bytes = esize;
+    bool too_big = false;
+    for (uint32_t k = 0; k < a->ndim; k++) {
+        a->shape[k] = gx_get_i64(r);
+        if (a->shape[k] < 0)
+            return reject(
+                GR_EINVAL,
+                "CAPTURE_PREPARE: callable %zu arg %zu: dimension %u is negative (%" PRId64 ")", ci,
+                ai, k, a->shape[k]);
+        if (a->shape[k] != 0 && bytes > GX_MAX_PAYLOAD / (uint64_t)a->shape[k])
+            too_big = true;
+        else
+            bytes *= (uint64_t)a->shape[k];
+    }
+    a->requires_grad = gx_get_i32(r);
+    uint64_t n = 0;
+    a->data = gx_get_bytes(r, &n);
+    if (r->bad)
+        return parsed(r, "CAPTURE_PREPARE");
+    if (n == 0) {
+        a->data = NULL;
+    } else if (too_big || n != bytes) {
+        return reject(GR_EINVAL,
+                      "CAPTURE_PREPARE: callable %zu arg %zu: %" PRIu64
+                      " bytes of data for a tensor of %" PRIu64 " bytes",
+                      ci, ai, n, too_big ? UINT64_MAX : bytes);
+    }
+    return GR_OK;
+}
+
+static int op_capture_prepare(gx_rbuf_t *r, msg_t *m, gx_wbuf_t *out)
+{
+    (void)m;
+    char device[GR_DEVICE_MAX];
+    gr_capture_opts_t opts;
+    gr_capture_opts_init(&opts);
+    gx_get_str(r, device, sizeof device);
+    opts.num_warmup_iters = gx_get_i32(r);
+    opts.allow_unused_input = gx_get_i32(r);
+    uint64_t pool_id = gx_get_u64(r);
+    opts.resident = gx_get_i32(r);
+    opts.copy_param_grads = gx_get_i32(r);
+    uint32_t n = gx_get_u32(r);
+    if (r->bad)
+        return parsed(r, "CAPTURE_PREPARE");
+    if (n == 0 || n > MAX_CALLABLES)
+        return reject(GR_EINVAL, "CAPTURE_PREPARE: %u callables (1 to %d)", n, MAX_CALLABLES);
+    int rc = check_device(device, "CAPTURE_PREPARE");
+    if (rc)
+        return rc;
+    if (pool_id) {
+        entry_t *p = table_find(&X.pools, pool_id);
+        if (p == NULL)
+            return not_found(&X.pools, pool_id);
+        opts.pool = p->obj;
+    }
+
+    gr_callable_spec_t specs[MAX_CALLABLES];
+    char methods[MAX_CALLABLES][METHOD_MAX];
+    gr_arg_spec_t *args[MAX_CALLABLES] = {0};
+    uint64_t *totals = NULL;
+    gr_capture_t *c = NULL;
+    for (uint32_t i = 0; i < n; i++) {
+        uint64_t mid = gx_get_u64(r);
+        gx_get_str(r, methods[i], sizeof methods[i]);
+        uint32_t n_args = gx_get_u32(r);
+        if (r->bad) {
+            rc = parsed(r, "CAPTURE_PREPARE");
+            goto out;
+        }
+        entry_t *me = table_find(&X.modules, mid);
+        if (me == NULL) {
+            rc = not_found(&X.modules, mid);
+            goto out;
+        }
+        if (n_args > MAX_ARGS) {
+            rc = reject(GR_EINVAL, "CAPTURE_PREPARE: callable %u has %u args (at most %d)", i,
+                        n_args, MAX_ARGS);
+            goto out;
+        }
+        args[i] = calloc(n_args ? n_args : 1, sizeof *args[i]);
+        if (args[i] == NULL) {
+            rc = reject(GR_ENOMEM, "CAPTURE_PREPARE: out of memory");
+            goto out;
+        }
+        for (uint32_t k = 0; k < n_args; k++)
+            if ((rc = get_arg(r, &args[i][k], i, k)) != GR_OK)
+                goto out;
+        specs[i].module = me->obj;
+        specs[i].method = methods[i][0] ? methods[i] : NULL;
+        specs[i].n_args = n_args;
+        specs[i].args = args[i];
+    }
+    if ((rc = parsed(r, "CAPTURE_PREPARE")) != GR_OK)
+        goto out;
+    totals = calloc(n, sizeof *totals);
+    if (totals == NULL || !table_reserve(&X.captures, 1)) {
+        rc = reject(GR_ENOMEM, "CAPTURE_PREPARE: out of memory");
+        goto out;
+    }
+    rc = gr_capture_prepare(device, n, specs, &opts, &c);
+    if (rc) {
+        rc = gr_failed(rc);
+        goto out;
+    }
+    entry_t *e = table_add(&X.captures, c);
+    e->n = n;
+    e->resident = opts.resident != 0;
+    e->totals = totals;
+    gx_put_u64(out, e->id);
+    gx_put_u32(out, n);
+    for (uint32_t i = 0; i < n; i++) {
+        size_t count = 0;
+        gr_capture_layout(c, i, &count, NULL, &totals[i]);
+        gx_put_u64(out, count);
+        gx_put_u64(out, totals[i]);
+    }
+    totals = NULL;
+out:
+    for (uint32_t i = 0; i < n; i++)
+        free(args[i]);
+    free(totals);
+    return rc;
+}
+
+static void capture_free(entry_t *e, bool abort_it)
+{
+    if (abort_it)
+        gr_capture_abort(e->obj);
+    free(e->totals);
+    table_remove(&X.captures, e);
+}
+
+static int op_capture_abort(gx_rbuf_t *r, msg_t *m, gx_wbuf_t *out)
+{
+    (void)m;
+    (void)out;
+    uint64_t id = gx_get_u64(r);
+    int rc = parsed(r, "CAPTURE_ABORT");
+    if (rc)
+        return rc;
+    entry_t *e = table_find(&X.captures, id);
+    if (e == NULL)
+        return not_found(&X.captures, id);
+    capture_free(e, true);
+    return GR_OK;
+}
+
+/* One graph of a CAPTURE_FINISH reply. */
+static int put_graph(gx_wbuf_t *out, uint64_t id, gr_graph_t *g)
+{
+    gr_graph_info_t info;
+    size_t count = 0, next = 0;
+    uint64_t total = 0;
+    int rc = gr_graph_info(g, &info);
+    if (rc == GR_OK)
+        rc = gr_graph_layout(g, &count, NULL, &total);
+    if (rc == GR_OK)
+        rc = gr_graph_external(g, &next, NULL);
+    if (rc)
+        return gr_failed(rc);
+    gr_tensor_desc_t *descs = calloc(count ? count : 1, sizeof *descs);
+    gr_external_t *ext = calloc(next ? next : 1, sizeof *ext);
+    if (descs == NULL || ext == NULL) {
+        free(descs);
+        free(ext);
+        return reject(GR_ENOMEM, "CAPTURE_FINISH: out of memory for the reply");
+    }
+    rc = gr_graph_layout(g, &count, descs, NULL);
+    if (rc == GR_OK)
+        rc = gr_graph_external(g, &next, ext);
+    if (rc) {
+        rc = gr_failed(rc);
+    } else {
+        gx_put_u64(out, id);
+        gx_put(out, &info, sizeof info);
+        gx_put_u64(out, total);
+        gx_put_u32(out, (uint32_t)count);
+        for (size_t k = 0; k < count; k++) {
+            const gr_tensor_desc_t *d = &descs[k];
+            gx_put_i32(out, d->role);
+            gx_put_u32(out, d->index);
+            gx_put_str(out, d->name);
+            gx_put_i32(out, d->dtype);
+            gx_put_u32(out, d->ndim);
+            for (uint32_t j = 0; j < d->ndim && j < GR_MAX_DIMS; j++)
+                gx_put_i64(out, d->shape[j]);
+            for (uint32_t j = 0; j < d->ndim && j < GR_MAX_DIMS; j++)
+                gx_put_i64(out, d->strides[j]);
+            gx_put_u64(out, d->offset);
+            gx_put_u64(out, d->nbytes);
+            gx_put_u32(out, d->flags);
+        }
+        gx_put_u32(out, (uint32_t)next);
+        for (size_t k = 0; k < next; k++) {
+            gx_put_u64(out, ext[k].tensor);
+            gx_put_u64(out, (uint64_t)(uintptr_t)ext[k].base);
+            gx_put_u64(out, ext[k].size);
+            gx_put_u64(out, ext[k].offset);
+            gx_put(out, ext[k].handle, GR_IPC_HANDLE_SIZE);
+        }
+    }
+    free(descs);
+    free(ext);
+    return rc;
+}
+
+static void graph_free(entry_t *e)
+{
+    gr_graph_destroy(e->obj);
+    if (e->map)
+        munmap(e->map, e->map_len);
+    if (e->dev)
+        e->dev->users--;
+    table_remove(&X.graphs, e);
+}
+
+static int op_capture_finish(gx_rbuf_t *r, msg_t *m, gx_wbuf_t *out)
+{
+    uint64_t id = gx_get_u64(r);
+    uint32_t n = gx_get_u32(r);
+    uint32_t kinds[MAX_CALLABLES];
+    uint64_t values[MAX_CALLABLES];
+    if (!r->bad && n > MAX_CALLABLES)
+        return reject(GR_EINVAL, "CAPTURE_FINISH: %u blocks (at most %d)", n, MAX_CALLABLES);
+    for (uint32_t i = 0; i < n && !r->bad; i++) {
+        kinds[i] = gx_get_u32(r);
+        values[i] = gx_get_u64(r);
+    }
+    int rc = parsed(r, "CAPTURE_FINISH");
+    if (rc)
+        return rc;
+    entry_t *ce = table_find(&X.captures, id);
+    if (ce == NULL)
+        return not_found(&X.captures, id);
+    if (n != ce->n)
+        return reject(GR_EINVAL,
+                      "CAPTURE_FINISH: %u blocks for capture %" PRIu64 " of %zu callables", n, id,
+                      ce->n);
+    if (m->fds_lost)
+        return reject(GR_EINVAL, "CAPTURE_FINISH: more than GX_MAX_FDS (%d) fds, or fds cut",
+                      GX_MAX_FDS);
+    uint32_t want_kind = ce->resident ? GX_BLOCK_DEVICE : GX_BLOCK_HOST;
+    size_t hosts = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        if (kinds[i] != want_kind)
+            return reject(GR_EINVAL,
+                          "CAPTURE_FINISH: block %u is of kind %u; capture %" PRIu64
+                          " is %s, so every block must be %s",
+                          i, kinds[i], id, ce->resident ? "device-resident" : "host-staged",
+                          ce->resident ? "GX_BLOCK_DEVICE" : "GX_BLOCK_HOST");
+        hosts += kinds[i] == GX_BLOCK_HOST;
+    }
+    if (hosts != m->nfds || m->hdr.nfds != m->nfds)
+        return reject(GR_EINVAL,
+                      "CAPTURE_FINISH: %zu host blocks, but the message carries %zu fds (header "
+                      "says %u)",
+                      hosts, m->nfds, m->hdr.nfds);
+
+    /* Check every block before mapping any. */
+    devblock_t *devs[MAX_CALLABLES] = {0};
+    size_t fi = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        if (values[i] < ce->totals[i] || values[i] == 0)
+            return reject(GR_EINVAL,
+                          "CAPTURE_FINISH: block %u has %" PRIu64
+                          " bytes; callable %u needs %" PRIu64,
+                          i, values[i], i, ce->totals[i]);
+        if (kinds[i] == GX_BLOCK_DEVICE) {
+            devs[i] = devblock_find((void *)(uintptr_t)values[i]);
+            if (devs[i] == NULL)
+                return reject(GR_EINVAL,
+                              "CAPTURE_FINISH: block %u: 0x%" PRIx64
+                              " is not a block DEVICE_ALLOC gave out",
+                              i, values[i]);
+            if (devs[i]->bytes < ce->totals[i])
+                return reject(GR_EINVAL,
+                              "CAPTURE_FINISH: device block %u has %" PRIu64
+                              " bytes; callable %u needs %" PRIu64,
+                              i, devs[i]->bytes, i, ce->totals[i]);
+            continue;
+        }
+        struct stat st;
+        if (fstat(m->fds[fi], &st) != 0 || !S_ISREG(st.st_mode))
+            return reject(GR_EINVAL, "CAPTURE_FINISH: fd of block %u is not a memfd", i);
+        if ((uint64_t)st.st_size < values[i] || values[i] > SIZE_MAX)
+            return reject(GR_EINVAL,
+                          "CAPTURE_FINISH: memfd of block %u has %lld bytes, less than the %" PRIu64
+                          " to map",
+                          i, (long long)st.st_size, values[i]);
+        fi++;
+    }
+    if (!table_reserve(&X.graphs, n))
+        return reject(GR_ENOMEM, "CAPTURE_FINISH: out of memory for the graph table");
+
+    void *bases[MAX_CALLABLES];
+    void *maps[MAX_CALLABLES] = {0};
+    gr_graph_t *graphs[MAX_CALLABLES] = {0};
+    fi = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        if (kinds[i] == GX_BLOCK_DEVICE) {
+            bases[i] = devs[i]->ptr;
+            continue;
+        }
+        void *p = mmap(NULL, (size_t)values[i], PROT_READ | PROT_WRITE, MAP_SHARED, m->fds[fi], 0);
+        if (p == MAP_FAILED) {
+            rc = reject(GR_EINVAL, "CAPTURE_FINISH: mapping block %u (%" PRIu64 " bytes): %s", i,
+                        values[i], strerror(errno));
+            for (uint32_t k = 0; k < i; k++)
+                if (maps[k])
+                    munmap(maps[k], (size_t)values[k]);
+            return rc;
+        }
+        close(m->fds[fi]);
+        m->fds[fi++] = -1;
+        maps[i] = bases[i] = p;
+    }
+    gr_capture_t *c = ce->obj;
+    capture_free(ce, false); /* gr_capture_finish consumes it whatever it returns */
+    rc = gr_capture_finish(c, bases, graphs);
+    if (rc) {
+        rc = gr_failed(rc);
+        for (uint32_t i = 0; i < n; i++)
+            if (maps[i])
+                munmap(maps[i], (size_t)values[i]);
+        return rc;
+    }
+    uint64_t ids[MAX_CALLABLES];
+    for (uint32_t i = 0; i < n; i++) {
+        entry_t *g = table_add(&X.graphs, graphs[i]);
+        g->map = maps[i];
+        g->map_len = maps[i] ? (size_t)values[i] : 0;
+        g->dev = devs[i];
+        if (devs[i])
+            devs[i]->users++;
+        ids[i] = g->id;
+    }
+    gx_put_u32(out, n);
+    for (uint32_t i = 0; i < n && rc == GR_OK; i++)
+        rc = put_graph(out, ids[i], graphs[i]);
+    if (rc) /* the daemon never learns these ids: do not keep the graphs */
+        for (uint32_t i = 0; i < n; i++)
+            graph_free(table_find(&X.graphs, ids[i]));
+    return rc;
+}
+
+static int op_graph_replay(gx_rbuf_t *r, msg_t *m, gx_wbuf_t *out)
+{
+    (void)m;
+    uint64_t id = gx_get_u64(r);
+    int32_t phase = gx_get_i32(r);
+    uint32_t mode = gx_get_u32(r);
+    uint64_t a = 0, b = 0;
+    if (mode == GX_REPLAY_ORDERED || mode == GX_REPLAY_POSTED) {
+        a = gx_get_u64(r);
+        b = gx_get_u64(r);
+    } else if (!r->bad && mode != GX_REPLAY_PLAIN) {
+        return reject(GR_EINVAL, "GRAPH_REPLAY: mode %u is not a GX_REPLAY_ mode", mode);
+    }
+    int rc = parsed(r, "GRAPH_REPLAY");
+    if (rc)
+        return rc;
+    entry_t *g = table_find(&X.graphs, id);
+    if (g == NULL)
+        return not_found(&X.graphs, id);
+    uint64_t ns = 0;
+    if (mode == GX_REPLAY_PLAIN) {
+        rc = gr_graph_replay(g->obj, phase, &ns);
+    } else if (mode == GX_REPLAY_ORDERED) {
+        entry_t *w = table_find(&X.events, a), *d = table_find(&X.events, b);
+        if (w == NULL || d == NULL)
+            return not_found(&X.events, w == NULL ? a : b);
+        rc = gr_graph_replay_ordered(g->obj, phase, w->obj, d->obj, &ns);
+    } else {
+        /* Only this thread destroys seqs, so the handle stays valid after the lock. */
+        pthread_mutex_lock(&X.seq_lock);
+        entry_t *s = table_find(&X.seqs, a);
+        gr_seq_t *seq = s ? s->obj : NULL;
+        pthread_mutex_unlock(&X.seq_lock);
+        if (seq == NULL)
+            return not_found(&X.seqs, a);
+        if (b == 0)
+            return reject(GR_EINVAL, "GRAPH_REPLAY: posted sequence number 0 (they start at 1)");
+        rc = gr_graph_replay_posted(g->obj, phase, seq, b, &ns);
+    }
+    if (rc)
+        return gr_failed(rc);
+    gx_put_u64(out, ns);
+    return GR_OK;
+}
+
+static int op_graph_destroy(gx_rbuf_t *r, msg_t *m, gx_wbuf_t *out)
+{
+    (void)m;
+    (void)out;
+    uint64_t id = gx_get_u64(r);
+    int rc = parsed(r, "GRAPH_DESTROY");
+    if (rc)
+        return rc;
+    entry_t *e = table_find(&X.graphs, id);
+    if (e == NULL)
+        return not_found(&X.graphs, id);
+    graph_free(e);
+    return GR_OK;
+}
+
+static int op_device_alloc(gx_rbuf_t *r, msg_t *m, gx_wbuf_t *out)
+{
+    (void)m;
+    char device[GR_DEVICE_MAX];
+    gx_get_str(r, device, sizeof device);
+    uint64_t bytes = gx_get_u64(r);
+    int rc = parsed(r, "DEVICE_ALLOC");
+    if (rc || (rc = check_device(device, "DEVICE_ALLOC")))
+        return rc;
+    if (X.n_devblocks == X.cap_devblocks) {
+        size_t cap = X.cap_devblocks ? 2 * X.cap_devblocks : 16;
+        devblock_t **v = realloc(X.devblocks, cap * sizeof *v);
+        if (v == NULL)
+            return reject(GR_ENOMEM, "DEVICE_ALLOC: out of memory");
+        X.devblocks = v;
+        X.cap_devblocks = cap;
+    }
+    devblock_t *b = calloc(1, sizeof *b);
+    if (b == NULL)
+        return reject(GR_ENOMEM, "DEVICE_ALLOC: out of memory");
+    uint8_t handle[GR_IPC_HANDLE_SIZE] = {0};
+    rc = gr_device_alloc(device, bytes, &b->ptr, handle);
+    if (rc) {
+        free(b);
+        return gr_failed(rc);
+    }
+    b->bytes = bytes;
+    snprintf(b->device, sizeof b->device, "%s", device);
+    X.devblocks[X.n_devblocks++] = b;
+    gx_put_u64(out, (uint64_t)(uintptr_t)b->ptr);
+    gx_put(out, handle, sizeof handle);
+    return GR_OK;
+}
+
+static void devblock_free(size_t i)
+{
+    devblock_t *b = X.devblocks[i];
+    gr_device_free(b->device, b->ptr);
+    free(b);
+    X.devblocks[i] = X.devblocks[--X.n_devblocks];
+}
+
+static int op_device_free(gx_rbuf_t *r, msg_t *m, gx_wbuf_t *out)
+{
+    (void)m;
+    (void)out;
+    char device[GR_DEVICE_MAX];
+    gx_get_str(r, device, sizeof device);
+    uint64_t ptr = gx_get_u64(r);
+    int rc = parsed(r, "DEVICE_FREE");
+    if (rc || (rc = check_device(device, "DEVICE_FREE")))
+        return rc;
+    for (size_t i = 0; i < X.n_devblocks; i++) {
+        devblock_t *b = X.devblocks[i];
+        if ((uint64_t)(uintptr_t)b->ptr != ptr)
+            continue;
+        if (b->users)
+            return reject(GR_EBUSY,
+                          "DEVICE_FREE: block 0x%" PRIx64 " is the static block of %u graph(s); "
+                          "destroy them first",
+                          ptr, b->users);
+        devblock_free(i);
+        return GR_OK;
+    }
+    return reject(GR_EINVAL, "DEVICE_FREE: 0x%" PRIx64 " is not a block DEVICE_ALLOC gave out",
+                  ptr);
+}
+
+static int op_event_create(gx_rbuf_t *r, msg_t *m, gx_wbuf_t *out)
+{
+    (void)m;
+    char device[GR_DEVICE_MAX];
+    gx_get_str(r, device, sizeof device);
+    int rc = parsed(r, "EVENT_CREATE");
+    if (rc || (rc = check_device(device, "EVENT_CREATE")))
+        return rc;
+    if (!table_reserve(&X.events, 1))
+        return reject(GR_ENOMEM, "EVENT_CREATE: out of memory for the event table");
+    gr_event_t *ev = NULL;
+    uint8_t handle[GR_IPC_HANDLE_SIZE] = {0};
+    rc = gr_event_create(device, &ev, handle);
+    if (rc)
+        return gr_failed(rc);
+    gx_put_u64(out, table_add(&X.events, ev)->id);
+    gx_put(out, handle, sizeof handle);
+    return GR_OK;
+}
+
+static int op_event_open(gx_rbuf_t *r, msg_t *m, gx_wbuf_t *out)
+{
+    (void)m;
+    char device[GR_DEVICE_MAX];
+    gx_get_str(r, device, sizeof device);
+    const uint8_t *handle = gx_get_span(r, GR_IPC_HANDLE_SIZE);
+    int rc = parsed(r, "EVENT_OPEN");
+    if (rc || (rc = check_device(device, "EVENT_OPEN")))
+        return rc;
+    if (!table_reserve(&X.events, 1))
+        return reject(GR_ENOMEM, "EVENT_OPEN: out of memory for the event table");
+    uint8_t h[GR_IPC_HANDLE_SIZE];
+    memcpy(h, handle, sizeof h);
+    gr_event_t *ev = NULL;
+    rc = gr_event_open(device, h, &ev);
+    if (rc)
+        return gr_failed(rc);
+    gx_put_u64(out, table_add(&X.events, ev)->id);
+    return GR_OK;
+}
+
+static int op_event_destroy(gx_rbuf_t *r, msg_t *m, gx_wbuf_t *out)
+{
+    (void)m;
+    (void)out;
+    uint64_t id = gx_get_u64(r);
+    int rc = parsed(r, "EVENT_DESTROY");
+    if (rc)
+        return rc;
+    entry_t *e = table_find(&X.events, id);
+    if (e == NULL)
+        return not_found(&X.events, id);
+    gr_event_destroy(e->obj);
+    table_remove(&X.events, e);
+    return GR_OK;
+}
+
+static int op_seq_create(gx_rbuf_t *r, msg_t *m, gx_wbuf_t *out)
+{
+    (void)m;
+    char device[GR_DEVICE_MAX];
+    gx_get_str(r, device, sizeof device);
+    int rc = parsed(r, "SEQ_CREATE");
+    if (rc || (rc = check_device(device, "SEQ_CREATE")))
+        return rc;
+    gr_seq_t *s = NULL;
+    uint8_t handle[GR_IPC_HANDLE_SIZE] = {0};
+    rc = gr_seq_create(device, &s, handle);
+    if (rc)
+        return gr_failed(rc);
+    pthread_mutex_lock(&X.seq_lock);
+    entry_t *e = table_add(&X.seqs, s);
+    uint64_t id = e ? e->id : 0;
+    pthread_mutex_unlock(&X.seq_lock);
+    if (id == 0) {
+        gr_seq_destroy(s);
+        return reject(GR_ENOMEM, "SEQ_CREATE: out of memory for the seq table");
+    }
+    gx_put_u64(out, id);
+    gx_put(out, handle, sizeof handle);
+    return GR_OK;
+}
+
+static int op_seq_skip(gx_rbuf_t *r, msg_t *m, gx_wbuf_t *out)
+{
+    (void)m;
+    (void)out;
+    uint64_t id = gx_get_u64(r);
+    uint64_t n = gx_get_u64(r);
+    int rc = parsed(r, "SEQ_SKIP");
+    if (rc)
+        return rc;
+    pthread_mutex_lock(&X.seq_lock);
+    entry_t *e = table_find(&X.seqs, id);
+    gr_seq_t *s = e ? e->obj : NULL;
+    pthread_mutex_unlock(&X.seq_lock);
+    if (s == NULL)
+        return not_found(&X.seqs, id);
+    rc = gr_seq_skip(s, n);
+    return rc ? gr_failed(rc) : GR_OK;
+}
+
+/* SEQ_RELEASE on either socket: under the lock, so SEQ_DESTROY waits for it. */
+static int seq_release(uint64_t id)
+{
+    pthread_mutex_lock(&X.seq_lock);
+    entry_t *e = table_find(&X.seqs, id);
+    int rc = e ? gr_seq_release(e->obj) : GR_ENOTFOUND;
+    pthread_mutex_unlock(&X.seq_lock);
+    return rc;
+}
+
+static int op_seq_release(gx_rbuf_t *r, msg_t *m, gx_wbuf_t *out)
+{
+    (void)m;
+    (void)out;
+    uint64_t id = gx_get_u64(r);
+    int rc = parsed(r, "SEQ_RELEASE");
+    if (rc)
+        return rc;
+    rc = seq_release(id);
+    if (rc == GR_ENOTFOUND)
+        return not_found(&X.seqs, id);
+    return rc ? gr_failed(rc) : GR_OK;
+}
+
+static int op_seq_destroy(gx_rbuf_t *r, msg_t *m, gx_wbuf_t *out)
+{
+    (void)m;
+    (void)out;
+    uint64_t id = gx_get_u64(r);
+    int rc = parsed(r, "SEQ_DESTROY");
+    if (rc)
+        return rc;
+    pthread_mutex_lock(&X.seq_lock);
+    entry_t *e = table_find(&X.seqs, id);
+    gr_seq_t *s = e ? e->obj : NULL;
+    if (e)
+        table_remove(&X.seqs, e);
+    pthread_mutex_unlock(&X.seq_lock);
+    if (s == NULL)
+        return not_found(&X.seqs, id);
+    gr_seq_destroy(s);
+    return GR_OK;
+}
+
+static const struct {
+    const char *name;
+    op_fn fn;
+} OPS[] = {
+    [GX_OP_MODULE_LOAD] = {"MODULE_LOAD", op_module_load},
+    [GX_OP_MODULE_RELEASE] = {"MODULE_RELEASE", op_module_release},
+    [GX_OP_POOL_CREATE] = {"POOL_CREATE", op_pool_create},
+    [GX_OP_POOL_DESTROY] = {"POOL_DESTROY", op_pool_destroy},
+    [GX_OP_POOL_MEMORY] = {"POOL_MEMORY", op_pool_memory},
+    [GX_OP_CAPTURE_PREPARE] = {"CAPTURE_PREPARE", op_capture_prepare},
+    [GX_OP_CAPTURE_ABORT] = {"CAPTURE_ABORT", op_capture_abort},
+    [GX_OP_CAPTURE_FINISH] = {"CAPTURE_FINISH", op_capture_finish},
+    [GX_OP_GRAPH_REPLAY] = {"GRAPH_REPLAY", op_graph_replay},
+    [GX_OP_GRAPH_DESTROY] = {"GRAPH_DESTROY", op_graph_destroy},
+    [GX_OP_DEVICE_ALLOC] = {"DEVICE_ALLOC", op_device_alloc},
+    [GX_OP_DEVICE_FREE] = {"DEVICE_FREE", op_device_free},
+    [GX_OP_EVENT_CREATE] = {"EVENT_CREATE", op_event_create},
+    [GX_OP_EVENT_OPEN] = {"EVENT_OPEN", op_event_open},
+    [GX_OP_EVENT_DESTROY] = {"EVENT_DESTROY", op_event_destroy},
+    [GX_OP_SEQ_CREATE] = {"SEQ_CREATE", op_seq_create},
+    [GX_OP_SEQ_SKIP] = {"SEQ_SKIP", op_seq_skip},
+    [GX_OP_SEQ_RELEASE] = {"SEQ_RELEASE", op_seq_release},
+    [GX_OP_SEQ_DESTROY] = {"SEQ_DESTROY", op_seq_destroy},
+};
+
+/* Runs one request and sends its reply; false when the reply cannot be sent. */
+static bool serve_one(msg_t *m)
+{
+    gx_wbuf_t out = {0};
+    uint32_t op = m->hdr.op;
+    X.err[0] = '\0';
+    int rc;
+    if (op >= sizeof OPS / sizeof OPS[0] || OPS[op].fn == NULL) {
+        rc = reject(GR_EINVAL, "op %u is not a request this executor serves", op);
+    } else if (m->payload == NULL && m->hdr.len > 0) {
+        rc = reject(GR_ENOMEM, "%s: no memory for a payload of %" PRIu64 " bytes", OPS[op].name,
+                    m->hdr.len);
+    } else if (op != GX_OP_CAPTURE_FINISH && (m->nfds || m->hdr.nfds || m->fds_lost)) {
+        rc = reject(GR_EINVAL, "%s: the request carries fds; only CAPTURE_FINISH takes any",
+                    OPS[op].name);
+    } else {
+        gx_rbuf_t r = {m->payload, (size_t)m->hdr.len, 0, false};
+        rc = OPS[op].fn(&r, m, &out);
+        if (rc == GR_OK && out.oom) {
+            /* Only reply building can run out here; the object stays, the daemon is told. */
+            rc = reject(GR_ENOMEM, "%s: out of memory for the reply", OPS[op].name);
+        }
+    }
+    bool ok;
+    if (rc == GR_OK)
+        ok = send_msg(GX_CHANNEL_FD, op, m->hdr.seq, GR_OK, out.data, out.len);
+    else
+        ok = send_msg(GX_CHANNEL_FD, op, m->hdr.seq, rc, X.err, strlen(X.err));
+    gx_wbuf_free(&out);
+    return ok;
+}
+
+/* ---- the urgent socket -------------------------------------------------------------------- */
+
+static void *urgent_main(void *arg)
+{
+    (void)arg;
+    for (;;) {
+        msg_t m;
+        gx_msg_hdr_t *h = &m.hdr;
+        memset(&m, 0, sizeof m);
+        int r = read_full(GX_URGENT_FD, h, sizeof *h, &m);
+        msg_close_fds(&m); /* nothing on this socket takes fds */
+        if (r == 0)
+            return NULL;
+        if (r < 0 || h->magic != GX_MAGIC || h->len > URGENT_MAX) {
+            fprintf(stderr, "graphd-executor: urgent socket: broken message; no longer served\n");
+            return NULL;
+        }
+        uint8_t payload[URGENT_MAX];
+        if (h->len && read_full(GX_URGENT_FD, payload, h->len, &m) != 1) {
+            msg_close_fds(&m);
+            fprintf(stderr, "graphd-executor: urgent socket: the channel ended inside a "
+                            "payload; no longer served\n");
+            return NULL;
+        }
+        msg_close_fds(&m);
+        if (h->op != GX_OP_SEQ_RELEASE || h->len != 8) {
+            fprintf(stderr,
+                    "graphd-executor: urgent socket: op %u with %" PRIu64
+                    " bytes ignored (only SEQ_RELEASE, u64 seq)\n",
+                    h->op, h->len);
+            continue;
+        }
+        uint64_t id;
+        memcpy(&id, payload, 8);
+        int rc = seq_release(id);
+        if (rc)
+            fprintf(stderr, "graphd-executor: SEQ_RELEASE of seq %" PRIu64 ": %s\n", id,
+                    rc == GR_ENOTFOUND ? "no such seq" : gr_last_error());
+    }
+}
+
+/* ---- start and end ------------------------------------------------------------------------ */
+
+/* Closes every fd above GX_URGENT_FD: what the daemon leaked, possibly another tenant's. */
+static void close_inherited_fds(void)
+{
+    if (close_range(GX_URGENT_FD + 1, ~0u, 0) == 0)
+        return;
+    DIR *d = opendir("/proc/self/fd");
+    if (d == NULL) {
+        for (int fd = GX_URGENT_FD + 1; fd < 65536; fd++)
+            close(fd);
+        return;
+    }
+    int self = dirfd(d);
+    struct dirent *e;
+    int fds[256];
+    size_t n = 0;
+    while ((e = readdir(d)) != NULL && n < 256) {
+        int fd = atoi(e->d_name);
+        if (fd > GX_URGENT_FD && fd != self)
+            fds[n++] = fd;
+    }
+    closedir(d);
+    for (size_t i = 0; i < n; i++)
+        close(fds[i]);
+    if (n == 256)
+        close_inherited_fds(); /* more than one batch */
+}
+
+static void usage(const char *msg, const char *arg)
+{
+    fprintf(stderr, "graphd-executor: %s%s%s\n", msg, arg ? ": " : "", arg ? arg : "");
+    fprintf(stderr,
+            "usage: graphd-executor --device DEV [--intra-op-threads N] [--cpu-devices N]\n"
+            "       [--max-unpacked BYTES] [--call-memory BYTES] [--no-sandbox]\n"
+            "       [--read PATH]... [--rw PATH]...\n"
+            "fd %d is the daemon's channel, fd %d its urgent socket (started by graphd)\n",
+            GX_CHANNEL_FD, GX_URGENT_FD);
+    exit(EXIT_USAGE);
+}
+
+static uint64_t parse_u64(const char *flag, const char *s, uint64_t max)
+{
+    char *end = NULL;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (*s < '0' || *s > '9' || errno || end == s || *end != '\0' || v > max) {
+        char what[128];
+        snprintf(what, sizeof what, "%s takes a number up to %" PRIu64, flag, max);
+        usage(what, s);
+    }
+    return v;
+}
+
+static void parse_args(int argc, char **argv, exec_args_t *a)
+{
+    memset(a, 0, sizeof *a);
+    for (int i = 1; i < argc; i++) {
+        const char *f = argv[i];
+        if (strcmp(f, "--no-sandbox") == 0) {
+            a->no_sandbox = true;
+            continue;
+        }
+        if (strcmp(f, "--device") && strcmp(f, "--intra-op-threads") &&
+            strcmp(f, "--cpu-devices") && strcmp(f, "--max-unpacked") &&
+            strcmp(f, "--call-memory") && strcmp(f, "--read") && strcmp(f, "--rw"))
+            usage("unknown flag", f);
+        if (i + 1 >= argc)
+            usage("missing the value of", f);
+        const char *v = argv[++i];
+        if (strcmp(f, "--device") == 0) {
+            if (strlen(v) == 0 || strlen(v) >= sizeof a->device)
+                usage("--device takes a device name such as cpu:0 or cuda:0", v);
+            snprintf(a->device, sizeof a->device, "%s", v);
+        } else if (strcmp(f, "--intra-op-threads") == 0) {
+            a->intra_op_threads = (int)parse_u64(f, v, 1024);
+        } else if (strcmp(f, "--cpu-devices") == 0) {
+            a->cpu_devices = (int)parse_u64(f, v, 64);
+            if (a->cpu_devices == 0)
+                usage("--cpu-devices takes 1 to 64", v);
+        } else if (strcmp(f, "--max-unpacked") == 0) {
+            a->max_unpacked = parse_u64(f, v, UINT64_MAX);
+            a->max_unpacked_set = true;
+        } else if (strcmp(f, "--call-memory") == 0) {
+            a->call_memory = parse_u64(f, v, UINT64_MAX);
+        } else if (strcmp(f, "--read") == 0 || strcmp(f, "--rw") == 0) {
+            bool rw = f[2] == 'r' && f[3] == 'w';
+            size_t *n = rw ? &a->n_rw : &a->n_read;
+            if (*n == MAX_PATHS)
+                usage("too many paths for", f);
+            (rw ? a->rw_paths : a->read_paths)[(*n)++] = v;
+        }
+    }
+    if (a->device[0] == '\0')
+        usage("--device is required", NULL);
+}
+
+static void check_socket(int fd, const char *what)
+{
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISSOCK(st.st_mode)) {
+        fprintf(stderr, "graphd-executor: fd %d (%s) is not a socket; graphd starts executors\n",
+                fd, what);
+        exit(EXIT_USAGE);
+    }
+}
+
+static void runtime_setup(const exec_args_t *a)
+{
+    int rc = gr_runtime_init(a->intra_op_threads);
+    if (rc == GR_OK && a->cpu_devices)
+        rc = gr_cpu_devices(a->cpu_devices);
+    if (rc == GR_OK && a->max_unpacked_set)
+        rc = gr_module_max_unpacked(a->max_unpacked);
+    if (rc == GR_OK)
+        rc = gr_call_memory_max(a->call_memory);
+    if (rc != GR_OK) {
+        fprintf(stderr, "graphd-executor: setting up the runtime: %s\n", gr_last_error());
+        exit(EXIT_USAGE);
+    }
+}
+
+static bool send_ready(const ready_info_t *ri)
+{
+    gx_wbuf_t out = {0};
+    gx_put_str(&out, gr_runtime_torch_version());
+    gx_put_u32(&out, ri->no_new_privs);
+    gx_put_u32(&out, ri->landlock_abi);
+    gx_put_u32(&out, ri->seccomp);
+    gx_put_str(&out, ri->off);
+    bool ok = !out.oom && send_msg(GX_CHANNEL_FD, GX_OP_READY, 0, GR_OK, out.data, out.len);
+    gx_wbuf_free(&out);
+    return ok;
+}
+
+/* Frees every object, dependents first (graphs before their pools and device blocks). */
+static void free_all(void)
+{
+    while (X.graphs.n)
+        graph_free(&X.graphs.v[X.graphs.n - 1]);
+    while (X.captures.n)
+        capture_free(&X.captures.v[X.captures.n - 1], true);
+    for (size_t i = 0; i < X.pools.n; i++)
+        gr_pool_destroy(X.pools.v[i].obj);
+    for (size_t i = 0; i < X.modules.n; i++)
+        gr_module_release(X.modules.v[i].obj);
+    for (size_t i = 0; i < X.events.n; i++)
+        gr_event_destroy(X.events.v[i].obj);
+    for (size_t i = 0; i < X.seqs.n; i++)
+        gr_seq_destroy(X.seqs.v[i].obj);
+    while (X.n_devblocks)
+        devblock_free(X.n_devblocks - 1);
+    table_t *tables[] = {&X.modules, &X.pools, &X.captures, &X.graphs, &X.events, &X.seqs};
+    for (size_t i = 0; i < sizeof tables / sizeof tables[0]; i++) {
+        free(tables[i]->v);
+        tables[i]->v = NULL;
+        tables[i]->n = tables[i]->cap = 0;
+    }
+    free(X.devblocks);
+    X.devblocks = NULL;
+}
+
+int main(int argc, char **argv)
+{
+    close_inherited_fds();
+    parse_args(argc, argv, &X.args);
+    check_socket(GX_CHANNEL_FD, "channel");
+    check_socket(GX_URGENT_FD, "urgent socket");
+    signal(SIGPIPE, SIG_IGN);
+    runtime_setup(&X.args);
+
+    ready_info_t ready;
+    if (enter_sandbox(&X.args, &ready) != 0)
+        return EXIT_USAGE;
+    pthread_t urgent;
+    int err = pthread_create(&urgent, NULL, urgent_main, NULL);
+    if (err) {
+        fprintf(stderr, "graphd-executor: starting the urgent thread: %s\n", strerror(err));
+        return EXIT_USAGE;
+    }
+    int status = 0;
+    if (!send_ready(&ready)) {
+        fprintf(stderr, "graphd-executor: sending READY: %s\n", strerror(errno));
+        status = EXIT_BROKEN;
+    }
+    while (status == 0) {
+        msg_t m;
+        int r = read_msg(GX_CHANNEL_FD, &m, "channel");
+        if (r == 0)
+            break;
+        if (r < 0) {
+            status = EXIT_BROKEN;
+            break;
+        }
+        bool sent = serve_one(&m);
+        free(m.payload);
+        msg_close_fds(&m);
+        if (!sent) {
+            fprintf(stderr, "graphd-executor: channel: the reply could not be sent: %s\n",
+                    strerror(errno));
+            status = EXIT_BROKEN;
+        }
+    }
+    /* Stop the urgent thread: a read shutdown wakes its recvmsg with EOF. */
+    shutdown(GX_URGENT_FD, SHUT_RD);
+    pthread_join(urgent, NULL);
+    free_all();
+    return status;
+}
