@@ -228,6 +228,7 @@ typedef struct msg {
     int fds[GX_MAX_FDS];
     size_t nfds;
     bool fds_lost; /* more fds than GX_MAX_FDS, or the kernel cut them (MSG_CTRUNC) */
+    bool owned;    /* payload is malloc'd (else it points into the input buffer) */
 } msg_t;
 
 static void msg_close_fds(msg_t *m)
@@ -236,6 +237,54 @@ static void msg_close_fds(msg_t *m)
         if (m->fds[i] >= 0)
             close(m->fds[i]);
     m->nfds = 0;
+}
+
+/* Frees what a request holds (its payload, its fds not taken). */
+static void msg_free(msg_t *m)
+{
+    if (m->owned)
+        free(m->payload);
+    m->payload = NULL;
+    m->owned = false;
+    msg_close_fds(m);
+}
+
+/* One recvmsg into buf (at most n bytes), keeping any fds that come with the bytes in m. */
+static ssize_t recv_some(int fd, void *buf, size_t n, msg_t *m)
+{
+    union {
+        char b[CMSG_SPACE(sizeof(int) * GX_MAX_FDS)];
+        struct cmsghdr align;
+    } ctl;
+    struct iovec iov = {buf, n};
+    struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
+    mh.msg_control = ctl.b;
+    mh.msg_controllen = sizeof ctl.b;
+    ssize_t r;
+    do
+        r = recvmsg(fd, &mh, MSG_CMSG_CLOEXEC);
+    while (r < 0 && errno == EINTR);
+    if (r < 0)
+        return r;
+    if (mh.msg_flags & MSG_CTRUNC)
+        m->fds_lost = true;
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
+        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
+            continue;
+        size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        const uint8_t *data = CMSG_DATA(c);
+        for (size_t i = 0; i < k; i++) {
+            int one;
+            memcpy(&one, data + i * sizeof(int), sizeof one);
+            if (m->nfds < GX_MAX_FDS) {
+                m->fds[m->nfds++] = one;
+            } else {
+                close(one);
+                m->fds_lost = true;
+            }
+        }
+    }
+    return r;
 }
 
 /* Reads exactly n bytes (into buf, or discarded when buf is NULL), keeping any fds that come
@@ -248,41 +297,9 @@ static int read_full(int fd, void *buf, uint64_t n, msg_t *m)
         size_t want = (size_t)(n - got);
         if (buf == NULL && want > sizeof sink)
             want = sizeof sink;
-        struct iovec iov = {buf ? (uint8_t *)buf + got : sink, want};
-        union {
-            char b[CMSG_SPACE(sizeof(int) * GX_MAX_FDS)];
-            struct cmsghdr align;
-        } ctl;
-        struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
-        if (m) {
-            mh.msg_control = ctl.b;
-            mh.msg_controllen = sizeof ctl.b;
-        }
-        ssize_t r = recvmsg(fd, &mh, MSG_CMSG_CLOEXEC);
-        if (r < 0 && errno == EINTR)
-            continue;
+        ssize_t r = recv_some(fd, buf ? (uint8_t *)buf + got : sink, want, m);
         if (r < 0)
             return -1;
-        if (m) {
-            if (mh.msg_flags & MSG_CTRUNC)
-                m->fds_lost = true;
-            for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
-                if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
-                    continue;
-                size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-                const uint8_t *data = CMSG_DATA(c);
-                for (size_t i = 0; i < k; i++) {
-                    int one;
-                    memcpy(&one, data + i * sizeof(int), sizeof one);
-                    if (m->nfds < GX_MAX_FDS)
-                        m->fds[m->nfds++] = one;
-                    else {
-                        close(one);
-                        m->fds_lost = true;
-                    }
-                }
-            }
-        }
         if (r == 0)
             return got == 0 ? 0 : -1;
         got += (uint64_t)r;
@@ -290,11 +307,39 @@ static int read_full(int fd, void *buf, uint64_t n, msg_t *m)
     return 1;
 }
 
-/* Reads one message. 1: one read; 0: EOF between messages; -1: broken (message on stderr). */
+/* The channel's input: a request and its payload usually arrive in one recvmsg, and a payload
+ * that fits is used in place (a replay costs one read and no allocation). The daemon sends one
+ * request at a time, so what is read ahead is at most the next one. */
+static struct {
+    uint8_t b[64 * 1024];
+    size_t head, tail;
+} IN;
+
+/* At least n (<= sizeof IN.b) bytes buffered. 1; 0: EOF with nothing buffered; -1: EOF part way
+ * or an error. */
+static int fill(int fd, size_t n, msg_t *m)
+{
+    if (IN.tail - IN.head >= n)
+        return 1;
+    memmove(IN.b, IN.b + IN.head, IN.tail - IN.head);
+    IN.tail -= IN.head;
+    IN.head = 0;
+    while (IN.tail < n) {
+        ssize_t r = recv_some(fd, IN.b + IN.tail, sizeof IN.b - IN.tail, m);
+        if (r < 0)
+            return -1;
+        if (r == 0)
+            return IN.tail == 0 ? 0 : -1;
+        IN.tail += (size_t)r;
+    }
+    return 1;
+}
+
+/* Reads one request. 1: one read; 0: EOF between messages; -1: broken (message on stderr). */
 static int read_msg(int fd, msg_t *m, const char *channel)
 {
     memset(m, 0, sizeof *m);
-    int r = read_full(fd, &m->hdr, sizeof m->hdr, m);
+    int r = fill(fd, sizeof m->hdr, m);
     if (r == 0 && m->nfds == 0)
         return 0;
     if (r <= 0) {
@@ -302,6 +347,8 @@ static int read_msg(int fd, msg_t *m, const char *channel)
                 channel);
         goto broken;
     }
+    memcpy(&m->hdr, IN.b + IN.head, sizeof m->hdr);
+    IN.head += sizeof m->hdr;
     if (m->hdr.magic != GX_MAGIC) {
         fprintf(stderr, "graphd-executor: %s: bad magic 0x%08" PRIx32 " (want 0x%08x)\n", channel,
                 m->hdr.magic, GX_MAGIC);
@@ -313,19 +360,30 @@ static int read_msg(int fd, msg_t *m, const char *channel)
                 channel, m->hdr.len);
         goto broken;
     }
-    if (m->hdr.len > 0)
-        m->payload = malloc((size_t)m->hdr.len); /* NULL: skipped, and GR_ENOMEM */
-    if (m->hdr.len > 0 && read_full(fd, m->payload, m->hdr.len, m) != 1) {
-        fprintf(stderr,
-                "graphd-executor: %s: the channel ended inside a %" PRIu64 "-byte payload\n",
-                channel, m->hdr.len);
-        goto broken;
+    uint64_t len = m->hdr.len;
+    if (len <= sizeof IN.b) {
+        if (fill(fd, (size_t)len, m) != 1)
+            goto short_payload;
+        m->payload = IN.b + IN.head;
+        IN.head += (size_t)len;
+        return 1;
     }
+    /* Larger than the buffer (a module archive): its own allocation, NULL when it does not fit
+     * in memory (then the bytes are read and dropped, and the request fails with GR_ENOMEM). */
+    size_t have = IN.tail - IN.head;
+    m->payload = malloc((size_t)len);
+    m->owned = true;
+    if (m->payload)
+        memcpy(m->payload, IN.b + IN.head, have);
+    IN.head = IN.tail = 0;
+    if (read_full(fd, m->payload ? m->payload + have : NULL, len - have, m) != 1)
+        goto short_payload;
     return 1;
+short_payload:
+    fprintf(stderr, "graphd-executor: %s: the channel ended inside a %" PRIu64 "-byte payload\n",
+            channel, m->hdr.len);
 broken:
-    free(m->payload);
-    m->payload = NULL;
-    msg_close_fds(m);
+    msg_free(m);
     return -1;
 }
 
@@ -1434,8 +1492,7 @@ int main(int argc, char **argv)
             break;
         }
         bool sent = serve_one(&m);
-        free(m.payload);
-        msg_close_fds(&m);
+        msg_free(&m);
         if (!sent) {
             fprintf(stderr, "graphd-executor: channel: the reply could not be sent: %s\n",
                     strerror(errno));

@@ -621,6 +621,13 @@ static void test_bad_requests_are_refused(void **state)
     gx_wbuf_t b = {0};
     reply_t r;
 
+    /* A payload larger than the executor's input buffer, sent in pieces: not an archive. */
+    size_t big = 200 * 1024;
+    uint8_t *junk = calloc(1, big);
+    gx_put_bytes(&b, junk, big);
+    free(junk);
+    call_fails(&ex, GX_OP_MODULE_LOAD, &b, GR_EINVAL, "not a ZIP archive");
+    gx_wbuf_free(&b);
     /* An unknown id. */
     gx_put_u64(&b, 999);
     gx_put_i32(&b, GR_PHASE_FORWARD);
