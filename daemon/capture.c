@@ -22,10 +22,11 @@ typedef struct {
     size_t n;
     gd_module_t *mods[MAX_CALLABLES];
     uint32_t reserved; /* graphs counted in the session's capturing (max_graphs_per_session) */
-    gr_callable_spec_t specs[MAX_CALLABLES];
+    gd_exec_t *x; /* the session's uid's executor on the pool's device */
+    gd_xcallable_t specs[MAX_CALLABLES];
     gr_arg_spec_t *args;
-    gr_capture_opts_t opts;
-    gr_capture_t *cap;
+    gd_xcapture_opts_t opts;
+    gd_xcapture_t *cap;
     int rc;
     char msg[1024];
     /* gd_now_ns() at each step's start and end, for the capture's log line: where its time goes
@@ -33,12 +34,11 @@ typedef struct {
     uint64_t t0, prepare_start, prepare_end, regions_start, regions_end, finish_start, finish_end;
     /* filled on the loop between the two steps */
     uint64_t region_ids[MAX_CALLABLES];
-    void *bases[MAX_CALLABLES];
-    size_t map_lens[MAX_CALLABLES];
-    gr_graph_t *graphs[MAX_CALLABLES];
+    gd_xbase_t bases[MAX_CALLABLES];
+    gd_xgraph_t *graphs[MAX_CALLABLES];
     /* device-resident (opts.resident): blocks allocated by the worker after prepare, owned here
      * until the loop registers them as regions (then NULL here) */
-    void *dev_ptrs[MAX_CALLABLES];
+    gd_xblock_t *dev_ptrs[MAX_CALLABLES];
     uint64_t dev_sizes[MAX_CALLABLES];
     uint8_t dev_handles[MAX_CALLABLES][GR_IPC_HANDLE_SIZE];
 } capture_op_t;
@@ -55,14 +55,12 @@ static void capture_op_free(gd_daemon_t *d, capture_op_t *op)
     free(op);
 }
 
-/* Gives back what phase 2 took: the graphs' mappings, and their regions unless the session's end
- * has reclaimed them already. */
+/* Gives back what phase 2 took: the graphs' regions, unless the session's end has reclaimed them
+ * already (device blocks go with their regions). */
 static void capture_unwind(gd_daemon_t *d, capture_op_t *op, bool free_regions)
 {
     for (size_t i = 0; i < op->n; i++) {
-        if (op->bases[i] && !op->opts.resident) /* device blocks go with their regions */
-            munmap(op->bases[i], op->map_lens[i]);
-        op->bases[i] = NULL;
+        op->bases[i] = (gd_xbase_t){.fd = -1};
         if (op->region_ids[i] && free_regions)
             pm_region_free(d->pools, op->region_ids[i], op->session);
         op->region_ids[i] = 0;
@@ -73,8 +71,9 @@ static void capture_unwind(gd_daemon_t *d, capture_op_t *op, bool free_regions)
 static void capture_free_blocks(capture_op_t *op)
 {
     for (size_t i = 0; i < op->n; i++) {
-        if (op->dev_ptrs[i] && gr_device_free(op->pool->worker->device, op->dev_ptrs[i]) != GR_OK)
-            gd_warn("freeing device memory on %s: %s", op->pool->worker->device, gr_last_error());
+        if (op->dev_ptrs[i] && gd_exec_device_free(op->dev_ptrs[i]) != GR_OK)
+            gd_warn("freeing device memory on %s: %s", op->pool->worker->device,
+                    gd_exec_last_error());
         op->dev_ptrs[i] = NULL;
     }
 }
@@ -82,8 +81,7 @@ static void capture_free_blocks(capture_op_t *op)
 static void capture_abort_run(gd_job_t *job)
 {
     capture_op_t *op = (capture_op_t *)job;
-    if (op->cap)
-        gr_capture_abort(op->cap);
+    gd_exec_capture_abort(op->cap);
     op->cap = NULL;
     capture_free_blocks(op);
 }
@@ -108,16 +106,8 @@ static void capture_fail(capture_op_t *op, int status, const char *msg)
 static bool graph_borrow_all(gd_graph_t *g, pm_pool_t *pool, uint64_t *region_ids, size_t count,
                              gd_call_t *call)
 {
-    size_t n = 0;
-    if (gr_graph_external(g->g, &n, NULL) != GR_OK || n == 0)
-        return true;
-    gr_external_t *ext = calloc(n, sizeof *ext);
-    if (ext == NULL || gr_graph_external(g->g, &n, ext) != GR_OK) {
-        free(ext);
-        gd_call_fail(call, GD_INTERNAL, "out of memory describing graph %llu",
-                     (unsigned long long)g->id);
-        return false;
-    }
+    const gr_external_t *ext = NULL;
+    size_t n = gd_exec_graph_external(g->g, &ext);
     for (size_t k = 0; k < n; k++) {
         int rc = ext[k].tensor < count && pool != NULL
                      ? gd_graph_borrow(g, pool, &ext[k], &region_ids[ext[k].tensor])
@@ -126,11 +116,9 @@ static bool graph_borrow_all(gd_graph_t *g, pm_pool_t *pool, uint64_t *region_id
             gd_call_fail(call, GD_RESOURCE_EXHAUSTED,
                          "graph %llu: cannot export the memory of tensor %zu: %s",
                          (unsigned long long)g->id, ext[k].tensor, pm_strerror(rc));
-            free(ext);
             return false;
         }
     }
-    free(ext);
     return true;
 }
 
@@ -164,13 +152,13 @@ static void capture_finish_run(gd_job_t *job)
 {
     capture_op_t *op = (capture_op_t *)job;
     op->finish_start = gd_now_ns();
-    op->rc = gr_capture_finish(op->cap, op->bases, op->graphs);
+    op->rc = gd_exec_capture_finish(op->cap, op->bases, op->graphs);
     op->cap = NULL; /* consumed either way */
+    if (op->rc != GR_OK)
+        snprintf(op->msg, sizeof op->msg, "%s", gd_exec_last_error());
     if (op->rc == GR_OK)
         op->rpool->graphs += (uint32_t)op->n;
     gd_gpool_measure(op->pool);
-    if (op->rc != GR_OK)
-        snprintf(op->msg, sizeof op->msg, "%s", gr_last_error());
     op->finish_end = gd_now_ns();
 }
 
@@ -197,16 +185,14 @@ static void capture_finish_done(gd_job_t *job)
         if (g == NULL)
             abort(); /* a few hundred bytes; nothing sane to unwind to */
         gr_graph_info_t info;
-        gr_graph_info(op->graphs[i], &info);
+        gd_exec_graph_info(op->graphs[i], &info);
         g->id = ++d->next_graph_id;
         g->session = op->session;
         g->pool = op->pool;
         g->rpool = op->rpool;
         g->worker = op->pool->worker;
         g->g = op->graphs[i];
-        g->base = op->opts.resident ? NULL : op->bases[i]; /* device memory: its region's */
         g->resident = op->opts.resident != 0;
-        g->map_len = op->map_lens[i];
         g->region_id = op->region_ids[i];
         g->region_bytes = info.total_bytes;
         g->training = info.is_training != 0;
@@ -247,9 +233,9 @@ static void capture_finish_done(gd_job_t *job)
     for (size_t i = 0; i < op->n && !failed; i++) {
         gd_graph_t *g = graphs[i];
         gr_graph_info_t gi;
-        gr_graph_info(g->g, &gi);
-        size_t count = 0;
-        gr_graph_layout(g->g, &count, NULL, NULL);
+        gd_exec_graph_info(g->g, &gi);
+        const gr_tensor_desc_t *layout = NULL;
+        size_t count = gd_exec_graph_layout(g->g, &layout);
         descs[i] = calloc(count + 1, sizeof *descs[i]);
         tds[i] = calloc(count + 1, sizeof *tds[i]);
         tdl[i] = calloc(count + 1, sizeof *tdl[i]);
@@ -258,7 +244,7 @@ static void capture_finish_done(gd_job_t *job)
             oom = true;
             count = 0;
         } else {
-            gr_graph_layout(g->g, &count, descs[i], NULL);
+            memcpy(descs[i], layout, count * sizeof *layout);
             failed = !graph_borrow_all(g, pool, ext_regions[i], count, op->call);
         }
         for (size_t k = 0; k < count; k++) {
@@ -324,9 +310,10 @@ static void capture_prepare_done(gd_job_t *job)
     for (size_t i = 0; i < op->n; i++) {
         uint64_t total = 0;
         size_t count = 0;
-        if (gr_capture_layout(op->cap, i, &count, NULL, &total) != GR_OK) {
+        if (gd_exec_capture_layout(op->cap, i, &count, &total) != GR_OK) {
             char msg[512];
-            snprintf(msg, sizeof msg, "capture layout of callable %zu: %s", i, gr_last_error());
+            snprintf(msg, sizeof msg, "capture layout of callable %zu: %s", i,
+                     gd_exec_last_error());
             capture_unwind(d, op, true);
             capture_fail(op, GD_INTERNAL, msg);
             return;
@@ -355,22 +342,13 @@ static void capture_prepare_done(gd_job_t *job)
             return;
         }
         op->region_ids[i] = pm_region_id(r);
-        if (op->opts.resident) { /* the region owns the block now; no host mapping */
-            op->bases[i] = op->dev_ptrs[i];
+        if (op->opts.resident) { /* the region owns the block now */
+            op->bases[i] = (gd_xbase_t){.fd = -1, .block = op->dev_ptrs[i]};
             op->dev_ptrs[i] = NULL;
             continue;
         }
-        op->map_lens[i] = pm_region_mapped_size(r);
-        void *base =
-            mmap(NULL, op->map_lens[i], PROT_READ | PROT_WRITE, MAP_SHARED, pm_region_fd(r), 0);
-        if (base == MAP_FAILED) {
-            gd_error("mmap region %llu: %s", (unsigned long long)op->region_ids[i],
-                     strerror(errno));
-            capture_unwind(d, op, true);
-            capture_fail(op, GD_RESOURCE_EXHAUSTED, "cannot map the static region");
-            return;
-        }
-        op->bases[i] = base;
+        /* The executor maps the region itself (its memfd goes with the request). */
+        op->bases[i] = (gd_xbase_t){.fd = pm_region_fd(r), .len = pm_region_mapped_size(r)};
     }
     op->regions_end = gd_now_ns();
     op->job.run = capture_finish_run;
@@ -382,13 +360,14 @@ static void capture_prepare_done(gd_job_t *job)
  * device-resident capture the static blocks. */
 static void prepare_on_worker(capture_op_t *op)
 {
-    op->rc = gd_rpool_get(op->pool, op->session, &op->rpool, op->msg, sizeof op->msg);
+    op->rc = gd_rpool_get(op->pool, op->session, op->x, &op->rpool, op->msg, sizeof op->msg);
     if (op->rc != GR_OK)
         return;
     op->opts.pool = op->rpool->gp;
-    op->rc = gr_capture_prepare(op->pool->worker->device, op->n, op->specs, &op->opts, &op->cap);
+    op->rc = gd_exec_capture_prepare(op->x, op->pool->worker->device, op->n, op->specs, &op->opts,
+                                     &op->cap);
     if (op->rc != GR_OK) {
-        snprintf(op->msg, sizeof op->msg, "%s", gr_last_error());
+        snprintf(op->msg, sizeof op->msg, "%s", gd_exec_last_error());
         return;
     }
     /* Device-resident: the static blocks are device memory, allocated here on the device's
@@ -396,17 +375,17 @@ static void prepare_on_worker(capture_op_t *op)
     for (size_t i = 0; op->opts.resident && i < op->n; i++) {
         uint64_t total = 0;
         size_t count = 0;
-        op->rc = gr_capture_layout(op->cap, i, &count, NULL, &total);
+        op->rc = gd_exec_capture_layout(op->cap, i, &count, &total);
         if (op->rc == GR_OK) {
             op->dev_sizes[i] = total ? total : GR_ALIGN;
-            op->rc = gr_device_alloc(op->pool->worker->device, op->dev_sizes[i], &op->dev_ptrs[i],
-                                     op->dev_handles[i]);
+            op->rc = gd_exec_device_alloc(op->x, op->pool->worker->device, op->dev_sizes[i],
+                                          &op->dev_ptrs[i], op->dev_handles[i]);
         }
         if (op->rc != GR_OK) {
             snprintf(op->msg, sizeof op->msg, "device memory for callable %zu: %s", i,
-                     gr_last_error());
+                     gd_exec_last_error());
             capture_free_blocks(op);
-            gr_capture_abort(op->cap);
+            gd_exec_capture_abort(op->cap);
             op->cap = NULL;
             return;
         }
@@ -553,13 +532,6 @@ void gd_rpc_capture(void *ctx, gd_call_t *call, const ProtobufCMessage *msg)
         m->refs++;
         op->mods[i] = m;
         op->n = i + 1;
-        const char *method = c->method[0] ? c->method : "forward";
-        if (gr_module_has_method(m->m, method) != 1) {
-            gd_call_fail(call, GD_INVALID_ARGUMENT, "module %llu has no method '%.64s'",
-                         (unsigned long long)c->module_id, method);
-            capture_op_free(d, op);
-            return;
-        }
         for (size_t a = 0; a < c->n_sample_args; a++)
             if (!check_spec(d, call, i, a, c->sample_args[a], &args[next_arg + a])) {
                 capture_op_free(d, op);
@@ -571,7 +543,12 @@ void gd_rpc_capture(void *ctx, gd_call_t *call, const ProtobufCMessage *msg)
         op->specs[i].args = &args[next_arg];
         next_arg += c->n_sample_args;
     }
-    gr_capture_opts_init(&op->opts);
+    op->x = gd_exec_get(d->exec, s->uid, w->device);
+    if (op->x == NULL) {
+        gd_call_fail(call, GD_INTERNAL, "out of memory");
+        capture_op_free(d, op);
+        return;
+    }
     op->opts.num_warmup_iters = warmup;
     op->opts.allow_unused_input = req->allow_unused_input;
     op->opts.resident = req->device_resident ? 1 : 0;

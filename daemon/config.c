@@ -66,6 +66,27 @@ const gd_setting_t gd_settings[] = {
      false,
      "host memory one capture or replay may hold through libtorch at once; past it that call "
      "fails with RESOURCE_EXHAUSTED (0: half the machine's memory)"},
+    {"executor_path", GD_CFG_STRING, FIELD(executor_path), "", 0, 0, false,
+     "the graphd-executor binary that runs module code (empty: beside graphd, else "
+     "../libexec/graphd/ from it)"},
+    {"executor_sandbox", GD_CFG_UINT, FIELD(executor_sandbox), "1", 0, 1, false,
+     "1: executors enter Landlock and seccomp before loading any module; 0: they do not "
+     "(only for debugging: module code can then read what the daemon's user can)"},
+    {"max_load_ms", GD_CFG_UINT, FIELD(max_load_ms), "120000", 0, 86400000, true,
+     "longest a module load may take in its executor; past it the executor is killed and the "
+     "call fails with DEADLINE_EXCEEDED (0: no bound)"},
+    {"max_capture_ms", GD_CFG_UINT, FIELD(max_capture_ms), "600000", 0, 86400000, true,
+     "longest one capture step (warm-up and layout, or the capture itself) may take; past it "
+     "the executor is killed and the call fails with DEADLINE_EXCEEDED (0: no bound)"},
+    {"max_replay_ms", GD_CFG_UINT, FIELD(max_replay_ms), "60000", 0, 86400000, true,
+     "longest one replay may take; past it the tenant's executor on that device is killed, "
+     "the replay fails with DEADLINE_EXCEEDED and the tenant's graphs there are gone (0: no "
+     "bound)"},
+    {"max_executor_memory_bytes", GD_CFG_BYTES, FIELD(max_executor_memory_bytes), "0", 0,
+     1 * TiB * 64, true,
+     "resident memory one executor (one uid on one device) may hold; past it the watchdog "
+     "kills it and its call fails with RESOURCE_EXHAUSTED (0: three quarters of the machine's "
+     "memory)"},
     {"cpu_devices", GD_CFG_UINT, FIELD(cpu_devices), "1", 1, 8, false,
      "logical CPU devices cpu:0..cpu:N-1, each with its own worker thread and pools (a split of "
      "the queues, not of the cores: all share the host's cores and libtorch's intra-op "

@@ -36,6 +36,12 @@ typedef struct gd_config {
     uint64_t inline_module_max_bytes;
     uint64_t max_module_unpacked_bytes;
     uint64_t max_call_memory_bytes;
+    char *executor_path;
+    uint64_t executor_sandbox;
+    uint64_t max_load_ms;
+    uint64_t max_capture_ms;
+    uint64_t max_replay_ms;
+    uint64_t max_executor_memory_bytes;
     uint64_t cpu_devices;
     uint64_t intra_op_threads;
     uint64_t worker_spin_us;

@@ -72,6 +72,9 @@ typedef struct gd_daemon {
     gd_worker_t workers[GD_MAX_DEVICES]; /* workers[i] runs devices[i] */
     size_t ndevices, nworkers;
 
+    struct gd_exec_host *exec; /* the executors that run module code (exec.h) */
+    uv_timer_t exec_watch;     /* their memory watchdog */
+
     gd_graph_t *graphs;   /* every live graph */
     gd_module_t *modules; /* every session's module handles */
     gd_gpool_t *gpools;   /* runtime state of pools that have held graphs */
@@ -172,9 +175,9 @@ void gd_order_frame(gd_daemon_t *d, gd_session_t *s, gd_wire_t *wire, const grap
                     const uint8_t *payload);
 /* The session's object of that kind for device, or NULL when it sent no such frame for it. */
 gd_order_t *gd_order_find(const gd_session_t *s, const char *device, gd_order_kind_t kind);
-struct gr_event *gd_order_wait(const gd_order_t *o);   /* EVENTS: the client's */
-struct gr_event *gd_order_done(const gd_order_t *o);   /* EVENTS: the daemon's */
-struct gr_seq *gd_order_counters(const gd_order_t *o); /* SEQ */
+struct gd_xevent *gd_order_wait(const gd_order_t *o);   /* EVENTS: the client's */
+struct gd_xevent *gd_order_done(const gd_order_t *o);   /* EVENTS: the daemon's */
+struct gd_xseq *gd_order_counters(const gd_order_t *o); /* SEQ */
 /* SEQ: takes n when it is the next sequence number (the last taken plus one); false, taking
  * nothing, otherwise. */
 bool gd_order_take(gd_order_t *o, uint64_t n);

@@ -21,6 +21,7 @@
  * belongs to the loop.
  */
 #include "daemon.h"
+#include "exec.h"
 #include "log.h"
 #include "runtime.h"
 
@@ -39,9 +40,10 @@ struct gd_order {
     char device[32]; /* "cuda:0" */
     gd_worker_t *worker;
     uint64_t session; /* whose queue its jobs go to (worker.h) */
-    gr_event_t *wait; /* EVENTS: the client's, opened here */
-    gr_event_t *done; /* EVENTS: the daemon's */
-    gr_seq_t *seq;    /* SEQ */
+    gd_exec_t *x;      /* the session's uid's executor on the device */
+    gd_xevent_t *wait; /* EVENTS: the client's, opened there */
+    gd_xevent_t *done; /* EVENTS: the executor's */
+    gd_xseq_t *seq;    /* SEQ */
     uint64_t last;    /* SEQ: the last sequence number taken */
     gd_order_t *next;
 };
@@ -84,9 +86,9 @@ static void destroy_run(gd_job_t *job)
 {
     order_job_t *j = (order_job_t *)job;
     if (j->o) {
-        gr_event_destroy(j->o->wait);
-        gr_event_destroy(j->o->done);
-        gr_seq_destroy(j->o->seq);
+        gd_exec_event_destroy(j->o->wait);
+        gd_exec_event_destroy(j->o->done);
+        gd_exec_seq_destroy(j->o->seq);
         free(j->o);
     }
     free(j);
@@ -96,8 +98,8 @@ static void destroy_run(gd_job_t *job)
  * there. */
 static void destroy_later(gd_order_t *o)
 {
-    if (o->seq != NULL && gr_seq_release(o->seq) != GR_OK)
-        gd_warn("releasing the sequence counters on %s: %s", o->device, gr_last_error());
+    if (o->seq != NULL && gd_exec_seq_release(o->seq) != GR_OK)
+        gd_warn("releasing the sequence counters on %s: %s", o->device, gd_exec_last_error());
     order_job_t *j = calloc(1, sizeof *j);
     if (j == NULL) { /* leak them rather than destroy them under a queued replay */
         gd_error("out of memory: leaking the %s of %s", kind_name(o->kind), o->device);
@@ -114,15 +116,15 @@ static void open_run(gd_job_t *job)
     order_job_t *j = (order_job_t *)job;
     gd_order_t *o = j->o;
     if (o->kind == GD_ORDER_SEQ) {
-        j->rc = gr_seq_create(o->device, &o->seq, j->handle);
+        j->rc = gd_exec_seq_create(o->x, o->device, &o->seq, j->handle);
     } else {
-        j->rc = gr_event_open(o->device, j->client_handle, &o->wait);
+        j->rc = gd_exec_event_open(o->x, o->device, j->client_handle, &o->wait);
         if (j->rc == GR_OK)
-            j->rc = gr_event_create(o->device, &o->done, j->handle);
+            j->rc = gd_exec_event_create(o->x, o->device, &o->done, j->handle);
     }
     if (j->rc != GR_OK) {
-        snprintf(j->msg, sizeof j->msg, "%s", gr_last_error());
-        gr_event_destroy(o->wait);
+        snprintf(j->msg, sizeof j->msg, "%s", gd_exec_last_error());
+        gd_exec_event_destroy(o->wait);
         o->wait = NULL;
     }
 }
@@ -180,6 +182,13 @@ void gd_order_frame(gd_daemon_t *d, gd_session_t *s, gd_wire_t *wire, const grap
         return;
     }
     o->kind = kind;
+    o->x = gd_exec_get(d->exec, s->uid, device);
+    if (o->x == NULL) {
+        free(j);
+        free(o);
+        send_reply(wire, kind, f->seq, f->id, GD_RESOURCE_EXHAUSTED, "out of memory", NULL);
+        return;
+    }
     snprintf(o->device, sizeof o->device, "%s", device);
     o->worker = w;
     o->session = s->id;
@@ -208,17 +217,17 @@ gd_order_t *gd_order_find(const gd_session_t *s, const char *device, gd_order_ki
     return NULL;
 }
 
-gr_event_t *gd_order_wait(const gd_order_t *o)
+gd_xevent_t *gd_order_wait(const gd_order_t *o)
 {
     return o->wait;
 }
 
-gr_event_t *gd_order_done(const gd_order_t *o)
+gd_xevent_t *gd_order_done(const gd_order_t *o)
 {
     return o->done;
 }
 
-gr_seq_t *gd_order_counters(const gd_order_t *o)
+gd_xseq_t *gd_order_counters(const gd_order_t *o)
 {
     return o->seq;
 }

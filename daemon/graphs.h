@@ -6,6 +6,7 @@
 #define GD_GRAPHS_H
 
 #include "daemon.h"
+#include "exec.h"
 #include "runtime.h"
 
 #include <stdatomic.h>
@@ -17,7 +18,8 @@
 struct gd_module {
     uint64_t id;
     uint64_t session;
-    gr_module_t *m;
+    uid_t uid; /* the session's: each uid's executors load their own copy */
+    gd_xmodule_t *m;
     char name[GD_NAME_MAX + 1];
     uint8_t sha256[GR_SHA256_LEN];
     int training;
@@ -38,7 +40,7 @@ struct gd_module {
  */
 typedef struct gd_rpool {
     uint64_t session;
-    gr_pool_t *gp;
+    gd_xpool_t *gp; /* in the session's executor on the pool's device */
     uint32_t graphs; /* graphs captured in it and not yet destroyed */
     struct gd_rpool *next;
 } gd_rpool_t;
@@ -73,7 +75,7 @@ struct gd_graph {
     gd_gpool_t *pool;
     gd_rpool_t *rpool; /* the session's runtime pool in it (worker-side) */
     gd_worker_t *worker;
-    gr_graph_t *g;
+    gd_xgraph_t *g;
     void *base; /* the graph's own mapping of its region */
     size_t map_len;
     uint64_t region_id;
@@ -92,7 +94,8 @@ struct gd_graph {
 void gd_module_unref(gd_daemon_t *d, gd_module_t *m);
 /* The session's runtime pool in p, created on first use; on p's worker. GR_OK, or an error with
  * its message in msg. */
-int gd_rpool_get(gd_gpool_t *p, uint64_t session, gd_rpool_t **out, char *msg, size_t len);
+int gd_rpool_get(gd_gpool_t *p, uint64_t session, gd_exec_t *x, gd_rpool_t **out, char *msg,
+                 size_t len);
 gd_gpool_t *gd_gpool_get(gd_daemon_t *d, const char *name, gd_worker_t *w);
 gd_gpool_t *gd_gpool_find(gd_daemon_t *d, const char *name);
 /* Measures p's graph mempools into the figures status reads; on p's worker. */

@@ -7,6 +7,7 @@
 #include "daemon.h"
 #include "graphd.pb-c.h"
 #include "log.h"
+#include "exec.h"
 #include "runtime.h"
 
 #include <stdio.h>
@@ -278,7 +279,8 @@ typedef struct {
     uint64_t session;
     char pool[PM_NAME_MAX + 1];
     uint64_t size;
-    void *ptr;
+    gd_exec_t *x; /* the session's uid's executor on the device */
+    gd_xblock_t *ptr;
     uint8_t handle[GR_IPC_HANDLE_SIZE];
     int rc;
     char msg[512];
@@ -287,18 +289,18 @@ typedef struct {
 static void devregion_free_run(gd_job_t *job)
 {
     devregion_op_t *op = (devregion_op_t *)job;
-    if (op->ptr != NULL && gr_device_free(op->worker->device, op->ptr) != GR_OK)
-        gd_warn("freeing device memory on %s: %s", op->worker->device, gr_last_error());
+    if (op->ptr != NULL && gd_exec_device_free(op->ptr) != GR_OK)
+        gd_warn("freeing device memory on %s: %s", op->worker->device, gd_exec_last_error());
     free(op);
 }
 
 static void devregion_alloc_run(gd_job_t *job)
 {
     devregion_op_t *op = (devregion_op_t *)job;
-    op->rc = gr_device_alloc(op->worker->device, op->size, &op->ptr, op->handle);
+    op->rc = gd_exec_device_alloc(op->x, op->worker->device, op->size, &op->ptr, op->handle);
     if (op->rc != GR_OK) {
         op->ptr = NULL;
-        snprintf(op->msg, sizeof op->msg, "%s", gr_last_error());
+        snprintf(op->msg, sizeof op->msg, "%s", gd_exec_last_error());
     }
 }
 
@@ -360,7 +362,8 @@ static void alloc_device_region(gd_daemon_t *d, gd_call_t *call, gd_session_t *s
         return;
     }
     devregion_op_t *op = calloc(1, sizeof *op);
-    if (op == NULL) {
+    if (op == NULL || (op->x = gd_exec_get(d->exec, s->uid, w->device)) == NULL) {
+        free(op);
         gd_call_fail(call, GD_INTERNAL, "out of memory");
         return;
     }

@@ -55,8 +55,8 @@ typedef struct {
 static void devfree_run(gd_job_t *job)
 {
     devfree_job_t *j = (devfree_job_t *)job;
-    if (gr_device_free(j->device, j->ptr) != GR_OK)
-        gd_warn("freeing device memory on %s: %s", j->device, gr_last_error());
+    if (gd_exec_device_free(j->ptr) != GR_OK)
+        gd_warn("freeing device memory on %s: %s", j->device, gd_exec_last_error());
     free(j);
 }
 
@@ -66,8 +66,8 @@ static void device_free_hook(void *ctx, const char *device, void *ptr, uint64_t 
     gd_daemon_t *d = ctx;
     gd_worker_t *w = gd_worker_for(d, device);
     if (w == NULL) { /* the workers have stopped: nothing can use the memory any more */
-        if (gr_device_free(device, ptr) != GR_OK)
-            gd_warn("freeing device memory on %s: %s", device, gr_last_error());
+        if (gd_exec_device_free(ptr) != GR_OK)
+            gd_warn("freeing device memory on %s: %s", device, gd_exec_last_error());
         return;
     }
     devfree_job_t *j = calloc(1, sizeof *j);
@@ -88,25 +88,72 @@ static void device_free_hook(void *ctx, const char *device, void *ptr, uint64_t 
 
 /* max_call_memory_bytes, or half the machine's memory for 0: one call must not take the
  * memory every other tenant's work lives in. */
-static uint64_t call_memory_bound(const gd_daemon_t *d)
+static uint64_t machine_share(uint64_t set, uint64_t num, uint64_t den)
 {
-    if (d->cfg.max_call_memory_bytes)
-        return d->cfg.max_call_memory_bytes;
+    if (set)
+        return set;
     long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-    return pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page / 2 : 0;
+    return pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page / den * num : 0;
+}
+
+static void exec_bounds(gd_daemon_t *d)
+{
+    gd_exec_host_bounds(d->exec, d->cfg.max_load_ms, d->cfg.max_capture_ms, d->cfg.max_replay_ms,
+                        machine_share(d->cfg.max_executor_memory_bytes, 3, 4));
+}
+
+void gd_graphs_reload(gd_daemon_t *d)
+{
+    if (d->exec)
+        exec_bounds(d);
+}
+
+static void on_exec_watch(uv_timer_t *t)
+{
+    gd_daemon_t *d = t->data;
+    gd_exec_host_watch(d->exec);
+}
+
+/* The executor binary: executor_path, else beside graphd, else ../libexec/graphd/ from it. */
+static void executor_path(const gd_daemon_t *d, char *buf, size_t len)
+{
+    if (d->cfg.executor_path && d->cfg.executor_path[0]) {
+        snprintf(buf, len, "%s", d->cfg.executor_path);
+        return;
+    }
+    char self[3072];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    self[n > 0 ? n : 0] = 0;
+    char *slash = strrchr(self, '/');
+    if (slash)
+        *slash = 0;
+    snprintf(buf, len, "%s/graphd-executor", self);
+    if (access(buf, X_OK) != 0)
+        snprintf(buf, len, "%s/../libexec/graphd/graphd-executor", self);
 }
 
 int gd_graphs_start(gd_daemon_t *d)
 {
     pm_manager_set_device_free(d->pools, device_free_hook, d);
-    if (gr_runtime_init((int)d->cfg.intra_op_threads) != GR_OK ||
-        gr_cpu_devices((int)d->cfg.cpu_devices) != GR_OK ||
-        gr_module_max_unpacked(d->cfg.max_module_unpacked_bytes) != GR_OK ||
-        gr_call_memory_max(call_memory_bound(d)) != GR_OK) {
-        gd_error("graph runtime: %s", gr_last_error());
+    char path[4096];
+    executor_path(d, path, sizeof path);
+    gd_exec_opts_t o = {
+        .path = path,
+        .intra_op_threads = (int)d->cfg.intra_op_threads,
+        .cpu_devices = (int)d->cfg.cpu_devices,
+        .max_unpacked = d->cfg.max_module_unpacked_bytes,
+        .call_memory = machine_share(d->cfg.max_call_memory_bytes, 1, 2),
+        .sandbox = d->cfg.executor_sandbox != 0,
+        .spin = sysconf(_SC_NPROCESSORS_ONLN) >= 4,
+    };
+    if (gd_exec_host_create(&o, &d->exec) != 0)
         return -1;
-    }
-    gd_info("graph runtime: libtorch %s", gr_runtime_torch_version());
+    exec_bounds(d);
+    uv_timer_init(d->loop, &d->exec_watch);
+    d->exec_watch.data = d;
+    uv_timer_start(&d->exec_watch, on_exec_watch, 100, 100);
+    gd_info("module code runs in executors (%s), one per uid and device%s", path,
+            o.sandbox ? "" : ", NOT sandboxed (executor_sandbox = 0)");
     for (size_t i = 0; i < d->ndevices; i++) {
         if (gd_worker_start(&d->workers[i], d->loop, d->devices[i].id, d->cfg.worker_spin_us) != 0)
             return -1;
@@ -133,7 +180,7 @@ void gd_module_unref(gd_daemon_t *d, gd_module_t *m)
         pp = &(*pp)->next;
     if (*pp)
         *pp = m->next;
-    gr_module_release(m->m);
+    gd_exec_module_release(m->m);
     free(m);
 }
 
@@ -153,26 +200,43 @@ void gd_graphs_stop(gd_daemon_t *d)
      * then is in a module that does not return (a forward that loops for ever): nothing can
      * stop that thread, and freeing what it uses would crash, so the daemon exits around it. */
     uint64_t wait_ms = d->cfg.shutdown_grace_ms ? d->cfg.shutdown_grace_ms : 1;
+    bool killed = false;
     for (size_t i = 0; i < d->nworkers; i++) {
         if (gd_worker_stop_within(&d->workers[i], wait_ms))
             continue;
-        gd_error("the worker of %s is still in a call %llu ms after the last grace period (a "
-                 "module that does not return); exiting without it",
-                 d->workers[i].device, (unsigned long long)wait_ms);
+        if (!killed) {
+            /* The worker waits for an executor that does not answer (a module that does not
+             * return): killing the executors ends that wait. */
+            gd_warn("the worker of %s is still in a call %llu ms after the last grace period; "
+                    "killing the executors",
+                    d->workers[i].device, (unsigned long long)wait_ms);
+            gd_exec_host_kill_all(d->exec);
+            killed = true;
+            if (gd_worker_stop_within(&d->workers[i], wait_ms))
+                continue;
+        }
+        gd_error("the worker of %s is still in a call after its executors were killed; exiting "
+                 "without it",
+                 d->workers[i].device);
         gd_exit_around_stuck_work(d);
     }
     d->nworkers = 0;
+    while (d->modules) {
+        gd_module_t *m = d->modules;
+        d->modules = m->next;
+        gd_exec_module_release(m->m);
+        free(m);
+    }
     while (d->gpools) {
         gd_gpool_t *p = d->gpools;
         d->gpools = p->next;
         rpools_destroy(p);
         free(p);
     }
-    while (d->modules) {
-        gd_module_t *m = d->modules;
-        d->modules = m->next;
-        gr_module_release(m->m);
-        free(m);
+    if (d->exec) {
+        uv_timer_stop(&d->exec_watch);
+        gd_exec_host_destroy(d->exec, wait_ms);
+        d->exec = NULL;
     }
 }
 
@@ -182,35 +246,44 @@ static void rpools_destroy(gd_gpool_t *p)
     while (p->rpools) {
         gd_rpool_t *r = p->rpools;
         p->rpools = r->next;
-        if (gr_pool_destroy(r->gp) != GR_OK)
-            gd_warn("pool %s: %s", p->name, gr_last_error());
+        if (gd_exec_pool_destroy(r->gp) != GR_OK)
+            gd_warn("pool %s: %s", p->name, gd_exec_last_error());
         free(r);
     }
 }
 
 /* The session's runtime pool in p, created on first use; on p's worker. GR_OK, or an error with
  * its message in msg. */
-int gd_rpool_get(gd_gpool_t *p, uint64_t session, gd_rpool_t **out, char *msg, size_t len)
+int gd_rpool_get(gd_gpool_t *p, uint64_t session, gd_exec_t *x, gd_rpool_t **out, char *msg,
+                 size_t len)
 {
-    for (gd_rpool_t *r = p->rpools; r; r = r->next)
-        if (r->session == session) {
-            *out = r;
-            return GR_OK;
-        }
-    gd_rpool_t *r = calloc(1, sizeof *r);
-    if (r == NULL) {
+    gd_rpool_t *r = p->rpools;
+    while (r && r->session != session)
+        r = r->next;
+    if (r != NULL && r->gp != NULL && !gd_exec_pool_lost(r->gp)) {
+        *out = r;
+        return GR_OK;
+    }
+    bool fresh = r == NULL;
+    if (fresh && (r = calloc(1, sizeof *r)) == NULL) {
         snprintf(msg, len, "out of memory");
         return GR_ENOMEM;
     }
-    int rc = gr_pool_create(p->worker->device, &r->gp);
+    /* A pool left by an executor that was killed is gone with it: make it again. */
+    gd_exec_pool_destroy(r->gp);
+    r->gp = NULL;
+    int rc = gd_exec_pool_create(x, p->worker->device, &r->gp);
     if (rc != GR_OK) {
-        snprintf(msg, len, "%s", gr_last_error());
-        free(r);
+        snprintf(msg, len, "%s", gd_exec_last_error());
+        if (fresh)
+            free(r);
         return rc;
     }
-    r->session = session;
-    r->next = p->rpools;
-    p->rpools = r;
+    if (fresh) {
+        r->session = session;
+        r->next = p->rpools;
+        p->rpools = r;
+    }
     *out = r;
     return GR_OK;
 }
@@ -220,7 +293,7 @@ int gd_rpool_get(gd_gpool_t *p, uint64_t session, gd_rpool_t **out, char *msg, s
  * case it stays for that capture's graphs. On the worker. */
 static void rpool_graph_gone(gd_gpool_t *p, gd_rpool_t *r)
 {
-    if (r == NULL || --r->graphs > 0 || gr_pool_destroy(r->gp) != GR_OK)
+    if (r == NULL || --r->graphs > 0 || gd_exec_pool_destroy(r->gp) != GR_OK)
         return;
     gd_rpool_t **pp = &p->rpools;
     while (*pp && *pp != r)
@@ -314,8 +387,8 @@ typedef struct {
 static void graph_destroy_run(gd_job_t *job)
 {
     graph_job_t *j = (graph_job_t *)job;
-    if (j->graph->g)
-        gr_graph_destroy(j->graph->g);
+    if (j->graph->g && gd_exec_graph_destroy(j->graph->g) != GR_OK)
+        gd_warn("graph %llu: %s", (unsigned long long)j->graph->id, gd_exec_last_error());
     j->graph->g = NULL;
     rpool_graph_gone(j->graph->pool, j->graph->rpool);
     gd_gpool_measure(j->graph->pool);
@@ -488,8 +561,8 @@ void gd_gpool_measure(gd_gpool_t *p)
     uint64_t reserved = 0, in_use = 0;
     for (gd_rpool_t *r = p->rpools; r; r = r->next) {
         uint64_t res = 0, use = 0;
-        if (gr_pool_memory(r->gp, &res, &use) != GR_OK) {
-            gd_debug("pool %s: graph mempool size unknown: %s", p->name, gr_last_error());
+        if (gd_exec_pool_memory(r->gp, &res, &use) != GR_OK) {
+            gd_debug("pool %s: graph mempool size unknown: %s", p->name, gd_exec_last_error());
             continue;
         }
         reserved += res;

@@ -1,4 +1,5 @@
-/* Modules: RegisterModule loads TorchScript on the loop's thread pool; ReleaseModule. */
+/* Modules: RegisterModule loads TorchScript in the uid's executor (from the loop's thread pool, which
+ * waits for it); ReleaseModule. */
 #include "graphs.h"
 #include "graphd.pb-c.h"
 #include "log.h"
@@ -16,7 +17,7 @@ typedef struct {
     gd_daemon_t *d;
     gd_call_t *call;
     uint64_t session;
-    uid_t uid; /* the module cache's key: one uid never gets another's module object */
+    gd_exec_t *x; /* the uid's executor on cpu:0, where registration loads (and so checks) it */
     char name[GD_NAME_MAX + 1];
     const void *bytes;
     size_t len;
@@ -26,19 +27,16 @@ typedef struct {
     bool check_sha;
     int rc;
     char msg[1024];
-    gr_module_t *m;
+    gd_xmodule_t *m;
     gr_module_info_t info;
 } load_op_t;
 
 static void load_run(uv_work_t *w)
 {
     load_op_t *op = w->data;
-    op->rc = gr_module_load_keyed(op->bytes, op->len, (uint64_t)op->uid, &op->m);
-    if (op->rc != GR_OK) {
-        snprintf(op->msg, sizeof op->msg, "%s", gr_last_error());
-        return;
-    }
-    gr_module_info(op->m, &op->info);
+    op->rc = gd_exec_module_load(op->x, op->bytes, op->len, &op->m, &op->info);
+    if (op->rc != GR_OK)
+        snprintf(op->msg, sizeof op->msg, "%s", gd_exec_last_error());
 }
 
 static void load_done(uv_work_t *w, int status)
@@ -54,7 +52,7 @@ static void load_done(uv_work_t *w, int status)
         return;
     }
     if (op->check_sha && memcmp(op->expect, op->info.sha256, GR_SHA256_LEN) != 0) {
-        gr_module_release(op->m);
+        gd_exec_module_release(op->m);
         gd_call_fail(op->call, GD_INVALID_ARGUMENT,
                      "module bytes do not match the expected SHA-256 (corrupt or changed)");
         free(op);
@@ -63,7 +61,7 @@ static void load_done(uv_work_t *w, int status)
     gd_session_t *s = gd_session_find(d, op->session);
     gd_module_t *m = s ? calloc(1, sizeof *m) : NULL;
     if (m == NULL) {
-        gr_module_release(op->m);
+        gd_exec_module_release(op->m);
         gd_call_fail(op->call, s ? GD_INTERNAL : GD_NOT_FOUND,
                      s ? "out of memory" : "the session ended during the load");
         free(op);
@@ -71,6 +69,7 @@ static void load_done(uv_work_t *w, int status)
     }
     m->id = ++d->next_module_id;
     m->session = op->session;
+    m->uid = s->uid;
     m->m = op->m;
     m->refs = 1;
     m->training = op->info.is_training;
@@ -124,7 +123,12 @@ void gd_rpc_register_module(void *ctx, gd_call_t *call, const ProtobufCMessage *
     op->d = d;
     op->call = call;
     op->session = s->id;
-    op->uid = s->uid;
+    op->x = gd_exec_get(d->exec, s->uid, "cpu:0");
+    if (op->x == NULL) {
+        gd_call_fail(call, GD_INTERNAL, "out of memory");
+        free(op);
+        return;
+    }
     snprintf(op->name, sizeof op->name, "%s", req->name);
     if (req->sha256.len) {
         op->check_sha = true;

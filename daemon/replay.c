@@ -39,8 +39,8 @@ typedef struct {
     /* session-socket replays */
     gd_wire_t *wire;
     uint64_t seq;
-    gr_event_t *wait, *done; /* ordered replays (GRAPHD_REPLAY_ORDERED), else NULL */
-    gr_seq_t *seqs;          /* posted replays (GRAPHD_REPLAY_POSTED): answered on failure only */
+    gd_xevent_t *wait, *done; /* ordered replays (GRAPHD_REPLAY_ORDERED), else NULL */
+    gd_xseq_t *seqs;          /* posted replays (GRAPHD_REPLAY_POSTED): answered on failure only */
     uint64_t n;
     /* gRPC replays */
     gd_call_t *call;
@@ -79,18 +79,17 @@ static void replay_reply_error(gd_wire_t *wire, uint64_t seq, uint64_t id, int s
 static void replay_frame_run(gd_job_t *job)
 {
     replay_job_t *j = (replay_job_t *)job;
+    j->rc = gd_exec_graph_replay(j->graph->g, j->phase, j->wait, j->done, j->seqs, j->n,
+                                 &j->device_ns);
     if (j->seqs != NULL) {
-        j->rc = gr_graph_replay_posted(j->graph->g, j->phase, j->seqs, j->n, &j->device_ns);
         replay_account(j);
         if (j->rc != GR_OK)
-            replay_reply_error(j->wire, j->seq, j->graph->id, gr_err_grpc(j->rc), gr_last_error());
+            replay_reply_error(j->wire, j->seq, j->graph->id, gr_err_grpc(j->rc),
+                               gd_exec_last_error());
         gd_wire_unref(j->wire);
         free(j);
         return;
     }
-    j->rc = j->wait != NULL
-                ? gr_graph_replay_ordered(j->graph->g, j->phase, j->wait, j->done, &j->device_ns)
-                : gr_graph_replay(j->graph->g, j->phase, &j->device_ns);
     graphd_frame_t f = {.magic = GRAPHD_FRAME_MAGIC,
                         .version = GRAPHD_FRAME_VERSION,
                         .type = GRAPHD_FRAME_REPLAY | GRAPHD_FRAME_REPLY,
@@ -99,7 +98,7 @@ static void replay_frame_run(gd_job_t *job)
                         .arg = j->device_ns,
                         .status = gr_err_grpc(j->rc)};
     replay_account(j);
-    gd_wire_send(j->wire, &f, j->rc == GR_OK ? NULL : gr_last_error(), -1);
+    gd_wire_send(j->wire, &f, j->rc == GR_OK ? NULL : gd_exec_last_error(), -1);
     gd_wire_unref(j->wire);
     free(j);
 }
@@ -116,9 +115,9 @@ static void replay_frame_drop(gd_job_t *job)
 static void replay_call_run(gd_job_t *job)
 {
     replay_job_t *j = (replay_job_t *)job;
-    j->rc = gr_graph_replay(j->graph->g, j->phase, &j->device_ns);
+    j->rc = gd_exec_graph_replay(j->graph->g, j->phase, NULL, NULL, NULL, 0, &j->device_ns);
     if (j->rc != GR_OK)
-        snprintf(j->msg, sizeof j->msg, "%s", gr_last_error());
+        snprintf(j->msg, sizeof j->msg, "%s", gd_exec_last_error());
     replay_account(j);
 }
 
@@ -268,8 +267,9 @@ static void replay_posted(gd_daemon_t *d, gd_session_t *s, gd_wire_t *wire, cons
     replay_job_t *j = replay_job_new(&st, msg, sizeof msg);
     if (st != GD_OK) {
         replay_reply_error(wire, f->seq, f->id, st, msg);
-        if (gr_seq_skip(gd_order_counters(q), n) != GR_OK)
-            gd_warn("posted replay %llu on %s: %s", (unsigned long long)n, device, gr_last_error());
+        if (gd_exec_seq_skip(gd_order_counters(q), n) != GR_OK)
+            gd_warn("posted replay %llu on %s: %s", (unsigned long long)n, device,
+                    gd_exec_last_error());
         return;
     }
     j->seqs = gd_order_counters(q);
@@ -277,8 +277,9 @@ static void replay_posted(gd_daemon_t *d, gd_session_t *s, gd_wire_t *wire, cons
     st = replay_frame_submit(d, s, wire, f, g, (int)phase, t0, j, msg, sizeof msg);
     if (st != GD_OK) {
         replay_reply_error(wire, f->seq, f->id, st, msg);
-        if (gr_seq_skip(gd_order_counters(q), n) != GR_OK)
-            gd_warn("posted replay %llu on %s: %s", (unsigned long long)n, device, gr_last_error());
+        if (gd_exec_seq_skip(gd_order_counters(q), n) != GR_OK)
+            gd_warn("posted replay %llu on %s: %s", (unsigned long long)n, device,
+                    gd_exec_last_error());
     }
 }
 

@@ -51,6 +51,19 @@ static bool sees_graph(gd_daemon_t *d, const gd_session_t *viewer, const gd_grap
 
 /* The graphs section (the graphs viewer sees; the rest counted in rep->others), and the graph
  * figures of the pools and sessions sections. */
+/* Distinct archives per uid held by module handles (each uid's executors load their own). */
+static uint32_t distinct_modules(const gd_daemon_t *d)
+{
+    uint32_t n = 0;
+    for (const gd_module_t *m = d->modules; m; m = m->next) {
+        const gd_module_t *o = d->modules;
+        while (o != m && (o->uid != m->uid || memcmp(o->sha256, m->sha256, GR_SHA256_LEN) != 0))
+            o = o->next;
+        n += o == m;
+    }
+    return n;
+}
+
 void gd_graphs_status(gd_daemon_t *d, const gd_session_t *viewer, Graphd__V1__StatusReply *rep)
 {
     size_t ng = 0;
@@ -116,7 +129,7 @@ void gd_graphs_status(gd_daemon_t *d, const gd_session_t *viewer, Graphd__V1__St
             rep->sessions[k]->replays = s->replays;
         }
     }
-    rep->daemon->modules_loaded = (uint32_t)gr_module_loaded_count();
+    rep->daemon->modules_loaded = distinct_modules(d);
 }
 
 void gd_graphs_status_free(Graphd__V1__StatusReply *rep)
@@ -302,6 +315,42 @@ static void status_sessions(gd_daemon_t *d, const gd_session_t *viewer,
     rep->n_sessions = i;
 }
 
+/* The executors section: the viewer's own uid's, all for an admin. */
+static void status_executors(gd_daemon_t *d, const gd_session_t *viewer,
+                             Graphd__V1__StatusReply *rep, gd_exec_info_t **infos,
+                             Graphd__V1__ExecutorStatus **storage)
+{
+    size_t n = gd_exec_host_list(d->exec, NULL, 0);
+    *infos = calloc(n + 1, sizeof **infos);
+    *storage = calloc(n + 1, sizeof **storage);
+    Graphd__V1__ExecutorStatus **list = calloc(n + 1, sizeof *list);
+    if (*infos == NULL || *storage == NULL || list == NULL) {
+        free(list);
+        return;
+    }
+    n = gd_exec_host_list(d->exec, *infos, n);
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        const gd_exec_info_t *e = &(*infos)[i];
+        if (!gd_is_admin(viewer) && (viewer == NULL || !viewer->attached || viewer->uid != e->uid))
+            continue;
+        Graphd__V1__ExecutorStatus *m = &(*storage)[k];
+        graphd__v1__executor_status__init(m);
+        m->uid = (uint32_t)e->uid;
+        m->device = (char *)e->device;
+        m->pid = e->pid;
+        m->rss_bytes = e->rss;
+        m->starts = e->starts;
+        m->killed_time = e->killed_time;
+        m->killed_memory = e->killed_memory;
+        m->died = e->died;
+        m->sandbox = (char *)e->sandbox;
+        list[k++] = m;
+    }
+    rep->executors = list;
+    rep->n_executors = k;
+}
+
 void gd_rpc_status(void *ctx, gd_call_t *call, const ProtobufCMessage *msg)
 {
     gd_daemon_t *d = ctx;
@@ -326,7 +375,13 @@ void gd_rpc_status(void *ctx, gd_call_t *call, const ProtobufCMessage *msg)
     rep.pools = gd_status_pools(d, viewer, &rep.n_pools, &others.pools);
     status_sessions(d, viewer, &rep, &sessions);
     gd_graphs_status(d, viewer, &rep);
+    gd_exec_info_t *exec_infos = NULL;
+    Graphd__V1__ExecutorStatus *exec_storage = NULL;
+    status_executors(d, viewer, &rep, &exec_infos, &exec_storage);
     gd_call_reply(call, &rep.base);
+    free(rep.executors);
+    free(exec_storage);
+    free(exec_infos);
     gd_graphs_status_free(&rep);
     free(rep.sessions);
     free(sessions);

@@ -342,12 +342,26 @@ class Forever(nn.Module):
         return x + i
 
 
+class Stall(nn.Module):
+    """Loops x[0] times holding x[1] floats: a capture's random sample args keep both small, a
+    replay after the client writes big values there runs (or holds) as long as it likes."""
+
+    def forward(self, x):
+        big = torch.ones(int(abs(float(x[1]))) + 1)
+        i = 0.0
+        limit = float(x[0])
+        while i < limit:
+            i = i + 1.0
+        return x * 2.0 + big[-1]
+
+
 def make_hungry(out):
     """hungry.pt: 256 MiB in one forward; churn.pt: 1 MiB 40 times in one forward."""
     torch.manual_seed(321)
     torch.jit.script(Hungry(64 << 20, 1)).save(os.path.join(out, "hungry.pt"))
     torch.jit.script(Hungry(256 << 10, 40)).save(os.path.join(out, "churn.pt"))
     torch.jit.script(Forever()).save(os.path.join(out, "forever.pt"))
+    torch.jit.script(Stall()).save(os.path.join(out, "stall.pt"))
 
 
 def make_reaching(out):
