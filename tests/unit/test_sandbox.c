@@ -272,8 +272,9 @@ static int child_processes(void *arg)
     test_opts(&o);
     enter_or_exit(&o);
     int bad = 0;
-    char *const argv[] = {"/bin/true", NULL}, *const envp[] = {NULL};
-    bad |= expect_errno("execve /bin/true", execve("/usr/bin/true", argv, envp), EPERM);
+    /* false: if execve worked, the child would exit 1 and the case fail. */
+    char *const argv[] = {"/usr/bin/false", NULL}, *const envp[] = {NULL};
+    bad |= expect_errno("execve /usr/bin/false", execve("/usr/bin/false", argv, envp), EPERM);
     pid_t pid = fork();
     if (pid == 0)
         _exit(0); /* fork must not have worked */
@@ -471,6 +472,15 @@ static int child_report(void *arg)
     }
     gr_sandbox_paths_free(&o);
     int bad = rep.no_new_privs != 1;
+    char line[256];
+    int nnp = 0;
+    FILE *f = fopen("/proc/self/status", "r");
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "NoNewPrivs: %d", &nnp) == 1)
+            break;
+    if (f)
+        fclose(f);
+    bad |= nnp != 1;
     switch (which) {
     case 0:
         bad |= rep.seccomp != 1;
@@ -482,11 +492,18 @@ static int child_report(void *arg)
                strcmp(rep.off, "landlock: not asked for") != 0;
         bad |= expect_errno("open a file outside with Landlock off", open_errno(G.secret, O_RDONLY),
                             0);
+        /* seccomp alone refuses signals to others. */
+        bad |= expect_errno("kill(getppid(), 0) with Landlock off", kill(getppid(), 0), EPERM);
         break;
     case 2:
         bad |= rep.seccomp != 0 || strcmp(rep.off, "seccomp: not asked for") != 0;
         int s = socket(AF_INET, SOCK_STREAM, 0);
         bad |= expect_errno("socket(AF_INET) with seccomp off", s, 0);
+        if (s >= 0)
+            close(s);
+        /* Landlock alone (ABI >= 6: signals scoped to the sandbox) refuses them too. */
+        if (rep.landlock_abi >= 6)
+            bad |= expect_errno("kill(getppid(), 0) with seccomp off", kill(getppid(), 0), EPERM);
         break;
     }
     if (bad)
