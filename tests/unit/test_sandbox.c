@@ -11,6 +11,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <pthread.h>
 #include <sched.h>
 #include <setjmp.h>
@@ -507,8 +508,9 @@ static int child_report(void *arg)
         break;
     }
     if (bad)
-        fprintf(stderr, "child: report %d: nnp %d abi %d seccomp %d off '%s'\n", which,
-                rep.no_new_privs, rep.landlock_abi, rep.seccomp, rep.off);
+        fprintf(stderr,
+                "child: report %d: /proc NoNewPrivs %d, nnp %d abi %d seccomp %d off '%s'\n", which,
+                nnp, rep.no_new_privs, rep.landlock_abi, rep.seccomp, rep.off);
     return bad;
 }
 
@@ -517,6 +519,34 @@ static void test_report_says_what_is_on(void **state)
     (void)state;
     for (int which = 0; which < 3; which++)
         in_child(child_report, &which);
+}
+
+/* As an executor that runs as an unprivileged uid: nobody (65534) when the test runs as root. */
+static int child_unprivileged(void *arg)
+{
+    (void)arg;
+    gr_sandbox_opts_t o;
+    test_opts(&o);
+    if (getuid() == 0 && (setgroups(0, NULL) != 0 || setresgid(65534, 65534, 65534) != 0 ||
+                          setresuid(65534, 65534, 65534) != 0)) {
+        fprintf(stderr, "child: cannot become nobody: %s\n", strerror(errno));
+        return SKIP;
+    }
+    enter_or_exit(&o);
+    int bad = 0;
+    bad |= expect_errno("unprivileged: read /etc/ld.so.cache",
+                        open_errno("/etc/ld.so.cache", O_RDONLY), 0);
+    if (G.landlock)
+        bad |= expect_errno("unprivileged: open /etc/hostname",
+                            open_errno("/etc/hostname", O_RDONLY), EACCES);
+    bad |= expect_errno("unprivileged: socket(AF_INET)", socket(AF_INET, SOCK_STREAM, 0), EPERM);
+    return bad;
+}
+
+static void test_unprivileged_uid(void **state)
+{
+    (void)state;
+    in_child(child_unprivileged, NULL);
 }
 
 static void test_default_paths(void **state)
@@ -675,6 +705,7 @@ int main(void)
         cmocka_unit_test(test_memfd_and_mmap_work),
         cmocka_unit_test(test_threads_from_before_are_restricted),
         cmocka_unit_test(test_report_says_what_is_on),
+        cmocka_unit_test(test_unprivileged_uid),
         cmocka_unit_test(test_libtorch_works_inside),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
