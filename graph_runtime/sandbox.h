@@ -58,7 +58,9 @@ typedef struct gr_sandbox_report {
  * makes the call fail. Call it from one thread while the others are quiet.
  * Returns 0, or -1 with the reason in rep->off when a layer that was asked for and is available
  * failed to apply (the caller must then exit: the process may be half-restricted). A layer the
- * kernel lacks is not an error: it is named in rep->off. rep is required. */
+ * kernel lacks is not an error: it is named in rep->off. rep is required.
+ * Drop privileges (uid, gid, groups) before: setuid and friends are refused afterwards. Under ASan
+ * end the process with _exit or detect_leaks=0: LeakSanitizer needs ptrace at exit. */
 int gr_sandbox_enter(const gr_sandbox_opts_t *o, gr_sandbox_report_t *rep);
 
 /* Fills o with the default path lists for an executor of device family "cpu" or "cuda" (landlock

@@ -627,9 +627,9 @@ static int capture_and_replay(const void *bytes, size_t len)
     float *in = NULL, *out = NULL;
     for (size_t i = 0; i < count; i++) {
         if (descs[i].role == GR_ROLE_INPUT)
-            in = (float *)((char *)block + descs[i].offset);
+            in = (float *)(void *)((uint8_t *)block + descs[i].offset);
         if (descs[i].role == GR_ROLE_OUTPUT)
-            out = (float *)((char *)block + descs[i].offset);
+            out = (float *)(void *)((uint8_t *)block + descs[i].offset);
     }
     if (in == NULL || out == NULL)
         return 1;
