@@ -22,8 +22,8 @@ VERSION  := $(shell cat VERSION 2>/dev/null || echo 0.0.0)
 
 DEB_PKGS := build-essential pkg-config libgrpc-dev libprotobuf-c-dev protobuf-c-compiler \
             libuv1-dev libcmocka-dev libze-dev libtorch-dev python3-torch python3-pytest \
-            libsystemd-dev libjansson-dev libinih-dev libssl-dev openssl clang-format cppcheck clang-tidy procps
-PC_PKGS  := grpc libprotobuf-c libuv jansson inih libsystemd libcrypto
+            libsystemd-dev libjansson-dev libinih-dev libssl-dev libseccomp-dev openssl clang-format cppcheck clang-tidy procps
+PC_PKGS  := grpc libprotobuf-c libuv jansson inih libsystemd libcrypto libseccomp
 
 PC_CFLAGS = $(shell pkg-config --cflags $(PC_PKGS) 2>/dev/null)
 PC_LIBS   = $(shell pkg-config --libs $(PC_PKGS) 2>/dev/null)
