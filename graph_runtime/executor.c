@@ -842,11 +842,6 @@ static int op_capture_finish(gx_rbuf_t *r, msg_t *m, gx_wbuf_t *out)
     devblock_t *devs[MAX_CALLABLES] = {0};
     size_t fi = 0;
     for (uint32_t i = 0; i < n; i++) {
-        if (values[i] < ce->totals[i] || values[i] == 0)
-            return reject(GR_EINVAL,
-                          "CAPTURE_FINISH: block %u has %" PRIu64
-                          " bytes; callable %u needs %" PRIu64,
-                          i, values[i], i, ce->totals[i]);
         if (kinds[i] == GX_BLOCK_DEVICE) {
             devs[i] = devblock_find((void *)(uintptr_t)values[i]);
             if (devs[i] == NULL)
@@ -854,6 +849,11 @@ static int op_capture_finish(gx_rbuf_t *r, msg_t *m, gx_wbuf_t *out)
                               "CAPTURE_FINISH: block %u: 0x%" PRIx64
                               " is not a block DEVICE_ALLOC gave out",
                               i, values[i]);
+            for (uint32_t k = 0; k < i; k++)
+                if (devs[k] == devs[i])
+                    return reject(GR_EINVAL,
+                                  "CAPTURE_FINISH: blocks %u and %u are the same device block", k,
+                                  i);
             if (devs[i]->bytes < ce->totals[i])
                 return reject(GR_EINVAL,
                               "CAPTURE_FINISH: device block %u has %" PRIu64
@@ -861,6 +861,11 @@ static int op_capture_finish(gx_rbuf_t *r, msg_t *m, gx_wbuf_t *out)
                               i, devs[i]->bytes, i, ce->totals[i]);
             continue;
         }
+        if (values[i] < ce->totals[i] || values[i] == 0)
+            return reject(GR_EINVAL,
+                          "CAPTURE_FINISH: block %u has %" PRIu64
+                          " bytes; callable %u needs %" PRIu64,
+                          i, values[i], i, ce->totals[i]);
         struct stat st;
         if (fstat(m->fds[fi], &st) != 0 || !S_ISREG(st.st_mode))
             return reject(GR_EINVAL, "CAPTURE_FINISH: fd of block %u is not a memfd", i);
@@ -942,17 +947,8 @@ static int op_graph_replay(gx_rbuf_t *r, msg_t *m, gx_wbuf_t *out)
     if (rc)
         return rc;
     entry_t *g = table_find(&X.graphs, id);
-    if (g == NULL)
-        return not_found(&X.graphs, id);
     uint64_t ns = 0;
-    if (mode == GX_REPLAY_PLAIN) {
-        rc = gr_graph_replay(g->obj, phase, &ns);
-    } else if (mode == GX_REPLAY_ORDERED) {
-        entry_t *w = table_find(&X.events, a), *d = table_find(&X.events, b);
-        if (w == NULL || d == NULL)
-            return not_found(&X.events, w == NULL ? a : b);
-        rc = gr_graph_replay_ordered(g->obj, phase, w->obj, d->obj, &ns);
-    } else {
+    if (mode == GX_REPLAY_POSTED) {
         /* Only this thread destroys seqs, so the handle stays valid after the lock. */
         pthread_mutex_lock(&X.seq_lock);
         entry_t *s = table_find(&X.seqs, a);
@@ -962,7 +958,21 @@ static int op_graph_replay(gx_rbuf_t *r, msg_t *m, gx_wbuf_t *out)
             return not_found(&X.seqs, a);
         if (b == 0)
             return reject(GR_EINVAL, "GRAPH_REPLAY: posted sequence number 0 (they start at 1)");
+        if (g == NULL) {
+            /* As gr_graph_replay_posted on failure: done = n, so the client's wait ends. */
+            gr_seq_skip(seq, b);
+            return not_found(&X.graphs, id);
+        }
         rc = gr_graph_replay_posted(g->obj, phase, seq, b, &ns);
+    } else if (g == NULL) {
+        return not_found(&X.graphs, id);
+    } else if (mode == GX_REPLAY_ORDERED) {
+        entry_t *w = table_find(&X.events, a), *d = table_find(&X.events, b);
+        if (w == NULL || d == NULL)
+            return not_found(&X.events, w == NULL ? a : b);
+        rc = gr_graph_replay_ordered(g->obj, phase, w->obj, d->obj, &ns);
+    } else {
+        rc = gr_graph_replay(g->obj, phase, &ns);
     }
     if (rc)
         return gr_failed(rc);

@@ -634,6 +634,37 @@ static void test_bad_requests_are_refused(void **state)
     gx_put_u32(&b, GX_REPLAY_PLAIN);
     call_fails(&ex, GX_OP_GRAPH_REPLAY, &b, GR_ENOTFOUND, "no graph 999");
     gx_wbuf_free(&b);
+    /* A replay mode that does not exist; ordering objects that do not. */
+    gx_put_u64(&b, 1);
+    gx_put_i32(&b, GR_PHASE_FORWARD);
+    gx_put_u32(&b, 7);
+    call_fails(&ex, GX_OP_GRAPH_REPLAY, &b, GR_EINVAL, "mode 7");
+    gx_wbuf_free(&b);
+    gx_put_u64(&b, 1);
+    gx_put_i32(&b, GR_PHASE_FORWARD);
+    gx_put_u32(&b, GX_REPLAY_POSTED);
+    gx_put_u64(&b, 5);
+    gx_put_u64(&b, 1);
+    call_fails(&ex, GX_OP_GRAPH_REPLAY, &b, GR_ENOTFOUND, "no seq 5");
+    gx_wbuf_free(&b);
+    /* A module listed twice is refused whole: the module is still held afterwards. */
+    gx_put_u32(&b, 2);
+    gx_put_u64(&b, module);
+    gx_put_u64(&b, module);
+    call_fails(&ex, GX_OP_MODULE_RELEASE, &b, GR_EINVAL, "listed twice");
+    gx_wbuf_free(&b);
+    gx_put_u32(&b, 2);
+    gx_put_u64(&b, module);
+    call_fails(&ex, GX_OP_MODULE_RELEASE, &b, GR_EINVAL, "2 ids, but 8 bytes follow");
+    gx_wbuf_free(&b);
+    /* Counters and device memory on the CPU: the runtime's error, and the executor goes on. */
+    gx_put_str(&b, "cpu:0");
+    assert_int_not_equal(call(&ex, GX_OP_SEQ_CREATE, &b, &r), GR_OK);
+    free(r.p);
+    gx_put_u64(&b, 4096);
+    assert_int_not_equal(call(&ex, GX_OP_DEVICE_ALLOC, &b, &r), GR_OK);
+    free(r.p);
+    gx_wbuf_free(&b);
     /* A truncated payload, and one with bytes left over. */
     gx_put_u32(&b, 1);
     call_fails(&ex, GX_OP_POOL_DESTROY, &b, GR_EINVAL, "malformed payload");
