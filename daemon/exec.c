@@ -1303,30 +1303,37 @@ int gd_exec_seq_create(gd_exec_t *x, const char *device, gd_xseq_t **out,
     return make_obj(x, GX_OP_SEQ_CREATE, device, 0, NULL, handle, sizeof **out, (void **)out);
 }
 
-int gd_exec_seq_skip(gd_xseq_t *s, uint64_t n)
-{
-    gx_wbuf_t b = {0};
-    gx_put_u64(&b, s->r.id);
-    gx_put_u64(&b, n);
-    return ref_call(&s->r, "sequence counter", GX_OP_SEQ_SKIP, &b, BOUND_CAPTURE, NULL);
-}
-
-int gd_exec_seq_release(gd_xseq_t *s)
+/* One request on the urgent socket, which the executor serves at once on a thread of its own
+ * and does not answer; never blocks. A stale generation: the counters' process is gone, and
+ * its waits with it. */
+static int urgent(const gd_xseq_t *s, uint32_t op, uint64_t n)
 {
     gd_exec_t *x = s->r.x;
     struct {
         gx_msg_hdr_t h;
-        uint64_t id;
-    } m = {.h = {.magic = GX_MAGIC, .op = GX_OP_SEQ_RELEASE, .len = sizeof(uint64_t)}, .id = s->r.id};
+        uint64_t id, n;
+    } m = {.h = {.magic = GX_MAGIC, .op = op, .len = op == GX_OP_SEQ_SKIP ? 16 : 8},
+           .id = s->r.id,
+           .n = n};
+    size_t len = sizeof m.h + m.h.len;
     int rc = GR_OK;
     pthread_mutex_lock(&x->urgent_mu);
-    /* a stale generation: the counters' process is gone, and its waits with it */
     if (x->urgent >= 0 && s->r.gen == x->gen &&
-        send(x->urgent, &m, sizeof m, MSG_DONTWAIT | MSG_NOSIGNAL) != (ssize_t)sizeof m)
+        send(x->urgent, &m, len, MSG_DONTWAIT | MSG_NOSIGNAL) != (ssize_t)len)
         rc = fail(GR_EINTERNAL, "cannot reach the executor of uid %u on %s: %s", (unsigned)x->uid,
                   x->device, strerror(errno));
     pthread_mutex_unlock(&x->urgent_mu);
     return rc;
+}
+
+int gd_exec_seq_skip(gd_xseq_t *s, uint64_t n)
+{
+    return urgent(s, GX_OP_SEQ_SKIP, n);
+}
+
+int gd_exec_seq_release(gd_xseq_t *s)
+{
+    return urgent(s, GX_OP_SEQ_RELEASE, 0);
 }
 
 int gd_exec_seq_destroy(gd_xseq_t *s)

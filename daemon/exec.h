@@ -146,6 +146,7 @@ int gd_exec_event_open(gd_exec_t *x, const char *device, const uint8_t handle[GR
 int gd_exec_event_destroy(gd_xevent_t *e); /* NULL: no-op */
 int gd_exec_seq_create(gd_exec_t *x, const char *device, gd_xseq_t **out,
                        uint8_t handle[GR_IPC_HANDLE_SIZE]);
+/* gr_seq_skip. Never blocks: it goes on the executor's urgent socket. */
 int gd_exec_seq_skip(gd_xseq_t *s, uint64_t n);
 /* Ends every wait on the counters at once (gr_seq_release). Never blocks: it goes on the
  * executor's urgent socket. */

@@ -9,8 +9,9 @@
  * its reply before the next (one caller at a time per executor). A reply has the request's op
  * and seq; rc is GR_OK and the payload is the op's result, or rc is a GR_ error and the payload
  * is the message (no NUL). The executor first sends GX_OP_READY unprompted once it is
- * sandboxed. A second socketpair (fd GX_URGENT_FD) carries GX_OP_SEQ_RELEASE requests, which get
- * no reply and are served at once by a thread of their own (gr_seq_release may run on any thread).
+ * sandboxed. A second socketpair (fd GX_URGENT_FD) carries GX_OP_SEQ_RELEASE and GX_OP_SEQ_SKIP
+ * requests, which get no reply and are served at once by a thread of their own (both may run on
+ * any thread; the daemon sends them from its loop, which never waits for an executor).
  *
  * The daemon treats everything an executor sends as hostile input: every reader below is bounds
  * checked, and a malformed reply counts as the executor failing.
@@ -49,7 +50,7 @@
  *   EVENT_OPEN       str device, handle -> u64 event
  *   EVENT_DESTROY    u64 event -> ()
  *   SEQ_CREATE       str device -> u64 seq, handle
- *   SEQ_SKIP         u64 seq, u64 n -> ()
+ *   SEQ_SKIP         u64 seq, u64 n -> () (on the urgent socket: no reply)
  *   SEQ_RELEASE      u64 seq -> () (on the urgent socket: no reply)
  *   SEQ_DESTROY      u64 seq -> ()
  * Object ids are the executor's, from 1, never reused; an unknown id is GR_ENOTFOUND.

@@ -14,6 +14,7 @@
  */
 #include "exec_proto.h"
 #include "runtime.h"
+#include "sandbox.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -431,17 +432,34 @@ static int enter_sandbox(const exec_args_t *a, ready_info_t *r)
 {
     memset(r, 0, sizeof *r);
     if (a->no_sandbox) {
-        snprintf(r->off, sizeof r->off, "sandbox disabled (--no-sandbox)");
+        if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0)
+            r->no_new_privs = 1;
+        snprintf(r->off, sizeof r->off, "landlock and seccomp: executor_sandbox is 0");
         return 0;
     }
-    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) {
-        fprintf(stderr, "graphd-executor: prctl(PR_SET_NO_NEW_PRIVS): %s\n", strerror(errno));
+    gr_sandbox_opts_t o;
+    const char *family = strncmp(a->device, "cuda", 4) == 0 ? "cuda" : "cpu";
+    if (gr_sandbox_default_paths(family, &o) != 0) {
+        fprintf(stderr, "graphd-executor: the sandbox's path lists: out of memory\n");
         return -1;
     }
-    r->no_new_privs = 1;
-    r->landlock_abi = 0;
-    r->seccomp = 0;
-    snprintf(r->off, sizeof r->off, "sandbox not built yet");
+    int rc = 0;
+    for (size_t i = 0; i < a->n_read && rc == 0; i++)
+        rc = gr_sandbox_paths_add(&o, 'r', a->read_paths[i]);
+    for (size_t i = 0; i < a->n_rw && rc == 0; i++)
+        rc = gr_sandbox_paths_add(&o, 'w', a->rw_paths[i]);
+    gr_sandbox_report_t rep;
+    if (rc == 0)
+        rc = gr_sandbox_enter(&o, &rep);
+    gr_sandbox_paths_free(&o);
+    if (rc != 0) {
+        fprintf(stderr, "graphd-executor: entering the sandbox: %s\n", rep.off);
+        return -1;
+    }
+    r->no_new_privs = (uint32_t)rep.no_new_privs;
+    r->landlock_abi = (uint32_t)rep.landlock_abi;
+    r->seccomp = (uint32_t)rep.seccomp;
+    snprintf(r->off, sizeof r->off, "%s", rep.off);
     return 0;
 }
 
@@ -1165,6 +1183,16 @@ static int op_seq_skip(gx_rbuf_t *r, msg_t *m, gx_wbuf_t *out)
     return rc ? gr_failed(rc) : GR_OK;
 }
 
+/* SEQ_SKIP from the urgent socket: under the lock, so SEQ_DESTROY waits for it. */
+static int seq_skip(uint64_t id, uint64_t n)
+{
+    pthread_mutex_lock(&X.seq_lock);
+    entry_t *e = table_find(&X.seqs, id);
+    int rc = e ? gr_seq_skip(e->obj, n) : GR_ENOTFOUND;
+    pthread_mutex_unlock(&X.seq_lock);
+    return rc;
+}
+
 /* SEQ_RELEASE on either socket: under the lock, so SEQ_DESTROY waits for it. */
 static int seq_release(uint64_t id)
 {
@@ -1291,18 +1319,23 @@ static void *urgent_main(void *arg)
             return NULL;
         }
         msg_close_fds(&m);
-        if (h->op != GX_OP_SEQ_RELEASE || h->len != 8) {
+        uint64_t id, n = 0;
+        if (h->op == GX_OP_SEQ_RELEASE && h->len == 8) {
+            memcpy(&id, payload, 8);
+        } else if (h->op == GX_OP_SEQ_SKIP && h->len == 16) {
+            memcpy(&id, payload, 8);
+            memcpy(&n, payload + 8, 8);
+        } else {
             fprintf(stderr,
                     "graphd-executor: urgent socket: op %u with %" PRIu64
-                    " bytes ignored (only SEQ_RELEASE, u64 seq)\n",
+                    " bytes ignored (only SEQ_RELEASE and SEQ_SKIP)\n",
                     h->op, h->len);
             continue;
         }
-        uint64_t id;
-        memcpy(&id, payload, 8);
-        int rc = seq_release(id);
+        int rc = h->op == GX_OP_SEQ_RELEASE ? seq_release(id) : seq_skip(id, n);
         if (rc)
-            fprintf(stderr, "graphd-executor: SEQ_RELEASE of seq %" PRIu64 ": %s\n", id,
+            fprintf(stderr, "graphd-executor: %s of seq %" PRIu64 ": %s\n",
+                    h->op == GX_OP_SEQ_RELEASE ? "SEQ_RELEASE" : "SEQ_SKIP", id,
                     rc == GR_ENOTFOUND ? "no such seq" : gr_last_error());
     }
 }
@@ -1471,6 +1504,12 @@ static void free_all(void)
 
 int main(int argc, char **argv)
 {
+    /* The daemon's worker thread that started it ends, or the daemon dies: this executor goes
+     * too, whatever its module is doing. */
+    pid_t parent = getppid();
+    prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
+    if (getppid() != parent)
+        _exit(EXIT_BROKEN);
     close_inherited_fds();
     parse_args(argc, argv, &X.args);
     check_socket(GX_CHANNEL_FD, "channel");
@@ -1513,5 +1552,13 @@ int main(int argc, char **argv)
     shutdown(GX_URGENT_FD, SHUT_RD);
     pthread_join(urgent, NULL);
     free_all();
+#if defined(__SANITIZE_ADDRESS__)
+    /* LeakSanitizer's check at exit needs ptrace and fork, which the sandbox refuses: it would
+     * turn a clean exit into a failure. Everything is freed above all the same. */
+    if (!X.args.no_sandbox) {
+        fflush(NULL);
+        _exit(status);
+    }
+#endif
     return status;
 }
