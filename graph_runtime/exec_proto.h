@@ -143,10 +143,22 @@ static inline void gx_put(gx_wbuf_t *b, const void *p, size_t n)
         memcpy(b->data + b->len, p, n);
     b->len += n;
 }
-static inline void gx_put_u32(gx_wbuf_t *b, uint32_t v) { gx_put(b, &v, sizeof v); }
-static inline void gx_put_i32(gx_wbuf_t *b, int32_t v) { gx_put(b, &v, sizeof v); }
-static inline void gx_put_u64(gx_wbuf_t *b, uint64_t v) { gx_put(b, &v, sizeof v); }
-static inline void gx_put_i64(gx_wbuf_t *b, int64_t v) { gx_put(b, &v, sizeof v); }
+static inline void gx_put_u32(gx_wbuf_t *b, uint32_t v)
+{
+    gx_put(b, &v, sizeof v);
+}
+static inline void gx_put_i32(gx_wbuf_t *b, int32_t v)
+{
+    gx_put(b, &v, sizeof v);
+}
+static inline void gx_put_u64(gx_wbuf_t *b, uint64_t v)
+{
+    gx_put(b, &v, sizeof v);
+}
+static inline void gx_put_i64(gx_wbuf_t *b, int64_t v)
+{
+    gx_put(b, &v, sizeof v);
+}
 static inline void gx_put_str(gx_wbuf_t *b, const char *s)
 {
     size_t n = s ? strlen(s) : 0;
