@@ -547,6 +547,7 @@ static int start(gd_exec_t *x)
     argv[a] = NULL;
     posix_spawn_file_actions_t fa;
     posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
     posix_spawn_file_actions_adddup2(&fa, ch[1], GX_CHANNEL_FD);
     posix_spawn_file_actions_adddup2(&fa, ur[1], GX_URGENT_FD);
     /* Its own process group: a signal to the daemon's group (Ctrl-C) reaches the daemon, which

@@ -256,14 +256,24 @@ static void read_ready(executor_t *ex, int sandboxed)
     char version[64], off[256];
     gx_get_str(&b, version, sizeof version);
     uint32_t nnp = gx_get_u32(&b);
-    gx_get_u32(&b); /* landlock_abi */
-    gx_get_u32(&b); /* seccomp */
+    uint32_t landlock = gx_get_u32(&b);
+    uint32_t seccomp = gx_get_u32(&b);
     gx_get_str(&b, off, sizeof off);
     assert_false(b.bad);
     assert_int_equal(b.pos, b.len);
     assert_string_equal(version, gr_runtime_torch_version());
-    assert_int_equal(nnp, (uint32_t)sandboxed);
-    assert_true(off[0] != '\0'); /* something is always off until the sandbox is wired in */
+    assert_int_equal(nnp, 1); /* always, sandbox or not */
+    if (sandboxed) {
+        assert_int_equal(seccomp, 1);
+        if (landlock == 0) /* a kernel without Landlock: READY says so */
+            assert_non_null(strstr(off, "landlock"));
+        else
+            assert_string_equal(off, "");
+    } else {
+        assert_int_equal(landlock, 0);
+        assert_int_equal(seccomp, 0);
+        assert_non_null(strstr(off, "executor_sandbox is 0"));
+    }
     free(r.p);
 }
 
