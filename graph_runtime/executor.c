@@ -466,12 +466,17 @@ static int enter_sandbox(const exec_args_t *a, ready_info_t *r)
     r->no_new_privs = (uint32_t)rep.no_new_privs;
     r->landlock_abi = (uint32_t)rep.landlock_abi;
     r->seccomp = (uint32_t)rep.seccomp;
-    snprintf(r->off, sizeof r->off, "%s%s", rep.off,
-             cuda && !a->no_landlock ? (rep.off[0] ? "; landlock: off for CUDA executors (CUDA "
-                                                      "does not start under its rules yet)"
-                                                    : "landlock: off for CUDA executors (CUDA "
-                                                      "does not start under its rules yet)")
-                                     : "");
+    static const char no_landlock[] =
+        "landlock: off for CUDA executors (CUDA does not start under its rules yet)";
+    const char *extra = cuda && !a->no_landlock ? no_landlock : "";
+    size_t used = strnlen(rep.off, sizeof rep.off - 1);
+    memcpy(r->off, rep.off, used);
+    r->off[used] = 0;
+    if (extra[0] && used + 2 + sizeof no_landlock <= sizeof r->off) {
+        if (used)
+            strcat(r->off, "; ");
+        strcat(r->off, extra);
+    }
     return 0;
 }
 
