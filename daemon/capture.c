@@ -22,7 +22,7 @@ typedef struct {
     size_t n;
     gd_module_t *mods[MAX_CALLABLES];
     uint32_t reserved; /* graphs counted in the session's capturing (max_graphs_per_session) */
-    gd_exec_t *x; /* the session's uid's executor on the pool's device */
+    gd_exec_t *x;      /* the session's uid's executor on the pool's device */
     gd_xcallable_t specs[MAX_CALLABLES];
     gr_arg_spec_t *args;
     gd_xcapture_opts_t opts;

@@ -39,12 +39,12 @@ struct gd_order {
     gd_order_kind_t kind;
     char device[32]; /* "cuda:0" */
     gd_worker_t *worker;
-    uint64_t session; /* whose queue its jobs go to (worker.h) */
+    uint64_t session;  /* whose queue its jobs go to (worker.h) */
     gd_exec_t *x;      /* the session's uid's executor on the device */
     gd_xevent_t *wait; /* EVENTS: the client's, opened there */
     gd_xevent_t *done; /* EVENTS: the executor's */
     gd_xseq_t *seq;    /* SEQ */
-    uint64_t last;    /* SEQ: the last sequence number taken */
+    uint64_t last;     /* SEQ: the last sequence number taken */
     gd_order_t *next;
 };
 

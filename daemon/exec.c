@@ -22,9 +22,9 @@
 
 extern char **environ;
 
-#define READY_MS 60000     /* an executor's start-up, libtorch included */
+#define READY_MS 60000        /* an executor's start-up, libtorch included */
 #define MAX_REPLY (64u << 20) /* the biggest answer taken from an executor */
-#define SPIN_NS 50000      /* how long a caller polls for an answer before it sleeps */
+#define SPIN_NS 50000         /* how long a caller polls for an answer before it sleeps */
 
 typedef enum { KILL_NONE, KILL_TIME, KILL_MEMORY, KILL_STOP } kill_reason_t;
 
@@ -622,7 +622,7 @@ static void bound_of(gd_exec_t *x, bound_t b, uint64_t *ms, const char **name)
     pthread_mutex_lock(&x->host->mu);
     const gd_exec_opts_t *o = &x->host->o;
     *ms = b == BOUND_LOAD ? o->load_ms : b == BOUND_REPLAY ? o->replay_ms : o->capture_ms;
-    *name = b == BOUND_LOAD      ? "max_load_ms"
+    *name = b == BOUND_LOAD     ? "max_load_ms"
             : b == BOUND_REPLAY ? "max_replay_ms"
                                 : "max_capture_ms";
     pthread_mutex_unlock(&x->host->mu);
@@ -669,11 +669,8 @@ static int call_raw(gd_exec_t *x, uint32_t op, const gx_wbuf_t *req, const int *
     bound_of(x, bound, &ms, &bname);
     uint64_t t0 = gd_now_ns();
     uint64_t deadline = ms ? t0 + ms * 1000000ull : 0;
-    gx_msg_hdr_t h = {.magic = GX_MAGIC,
-                      .op = op,
-                      .seq = ++x->seq,
-                      .len = req->len,
-                      .nfds = (uint32_t)nfds};
+    gx_msg_hdr_t h = {
+        .magic = GX_MAGIC, .op = op, .seq = ++x->seq, .len = req->len, .nfds = (uint32_t)nfds};
     int rc = send_all(x->sock, &h, sizeof h, fds, nfds, deadline);
     if (rc == 0 && req->len)
         rc = send_all(x->sock, req->data, req->len, NULL, 0, deadline);
@@ -721,8 +718,9 @@ static int malformed(gd_exec_t *x, uint32_t op)
     signal_exec(x, SIGKILL);
     int rc = lose(x, op, "a malformed reply", 0, "");
     (void)rc;
-    return fail(GR_ELOST, "the executor of uid %u on %s sent a malformed answer to %s and was "
-                          "killed; that uid's graphs on %s are gone",
+    return fail(GR_ELOST,
+                "the executor of uid %u on %s sent a malformed answer to %s and was "
+                "killed; that uid's graphs on %s are gone",
                 (unsigned)x->uid, x->device, op_name(op), x->device);
 }
 
@@ -941,8 +939,9 @@ int gd_exec_capture_prepare(gd_exec_t *x, const char *device, size_t n, const gd
     pthread_mutex_lock(&x->mu);
     if (opts->pool && (opts->pool->r.x != x || opts->pool->r.gen != x->gen || x->sock < 0)) {
         pthread_mutex_unlock(&x->mu);
-        return fail(GR_ELOST, "the graph pool of this session on %s was in an executor that was "
-                              "restarted; capture again",
+        return fail(GR_ELOST,
+                    "the graph pool of this session on %s was in an executor that was "
+                    "restarted; capture again",
                     device);
     }
     uint64_t mids[GX_MAX_FDS];

@@ -40,7 +40,7 @@ struct gd_module {
  */
 typedef struct gd_rpool {
     uint64_t session;
-    gd_xpool_t *gp; /* in the session's executor on the pool's device */
+    gd_xpool_t *gp;  /* in the session's executor on the pool's device */
     uint32_t graphs; /* graphs captured in it and not yet destroyed */
     struct gd_rpool *next;
 } gd_rpool_t;

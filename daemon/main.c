@@ -15,6 +15,7 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <systemd/sd-daemon.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 static void usage(FILE *out)
@@ -250,9 +251,24 @@ static int start(gd_daemon_t *d)
         return -1;
     gd_info("graphd %s listening on %s (pid %d)", GRAPHD_VERSION, d->cfg.listen, (int)getpid());
     /* Which protections are off, so that an operator does not have to read the docs to know. */
-    gd_info("isolation: module code runs inside this process (no executor processes yet), so "
-            "no Landlock, seccomp, per-call time bound or per-tenant memory bound; on: module "
-            "checks, max_call_memory_bytes, owners and visibility (docs/SECURITY.md)");
+    long abi = syscall(SYS_landlock_create_ruleset, NULL, 0, 1u /* ..._VERSION */);
+    char landlock[96];
+    if (abi > 0)
+        snprintf(landlock, sizeof landlock,
+                 "Landlock ABI %ld for CPU executors (off for CUDA "
+                 "ones)",
+                 abi);
+    else
+        snprintf(landlock, sizeof landlock, "NO Landlock (the kernel has none: %s)",
+                 strerror(errno));
+    if (d->cfg.executor_sandbox)
+        gd_info("isolation: executors per uid and device, with no_new_privs, seccomp and %s; "
+                "time bounds max_load_ms/max_capture_ms/max_replay_ms; memory bound by RSS "
+                "watchdog (no cgroup v2 delegation used); docs/SECURITY.md",
+                landlock);
+    else
+        gd_warn("isolation: executors per uid and device WITHOUT Landlock or seccomp "
+                "(executor_sandbox = 0): module code can read what the daemon's user can");
     return 0;
 }
 

@@ -1,5 +1,5 @@
-/* Modules: RegisterModule loads TorchScript in the uid's executor (from the loop's thread pool, which
- * waits for it); ReleaseModule. */
+/* Modules: RegisterModule loads TorchScript in the uid's executor (from the loop's thread pool,
+ * which waits for it); ReleaseModule. */
 #include "graphs.h"
 #include "graphd.pb-c.h"
 #include "log.h"

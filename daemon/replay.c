@@ -79,8 +79,8 @@ static void replay_reply_error(gd_wire_t *wire, uint64_t seq, uint64_t id, int s
 static void replay_frame_run(gd_job_t *job)
 {
     replay_job_t *j = (replay_job_t *)job;
-    j->rc = gd_exec_graph_replay(j->graph->g, j->phase, j->wait, j->done, j->seqs, j->n,
-                                 &j->device_ns);
+    j->rc =
+        gd_exec_graph_replay(j->graph->g, j->phase, j->wait, j->done, j->seqs, j->n, &j->device_ns);
     if (j->seqs != NULL) {
         replay_account(j);
         if (j->rc != GR_OK)

@@ -34,7 +34,7 @@ extern "C" {
     X(EINTERNAL, -4, "internal error", 13)                                                         \
     X(ENOMEM, -5, "out of memory", 8)                                                              \
     X(EUNSUPPORTED, -6, "not supported", 12)                                                       \
-    X(EBUSY, -7, "still in use", 9)                                                               \
+    X(EBUSY, -7, "still in use", 9)                                                                \
     X(ETIMEDOUT, -8, "time bound exceeded", 4)                                                     \
     X(ELOST, -9, "executor lost", 10)
 

@@ -30,13 +30,8 @@
 
 #define BYSTANDER_UID 4201
 
-static const char *const daemon_args[] = {"--socket-mode",
-                                          "0666",
-                                          "--max-capture-ms",
-                                          "1500",
-                                          "--max-replay-ms",
-                                          "1000",
-                                          NULL};
+static const char *const daemon_args[] = {
+    "--socket-mode", "0666", "--max-capture-ms", "1500", "--max-replay-ms", "1000", NULL};
 
 static uint64_t now_ns(void)
 {
@@ -230,8 +225,9 @@ static void executor_over_its_memory_is_killed(void **state)
 {
     harness_fixture_t *f = *state;
     harness_t h;
-    static const char *const args[] = {"--socket-mode", "0666", "--max-replay-ms", "0",
-                                       "--max-executor-memory-bytes", "640Mi", NULL};
+    static const char *const args[] = {
+        "--socket-mode", "0666", "--max-replay-ms", "0", "--max-executor-memory-bytes",
+        "640Mi",         NULL};
     assert_int_equal(harness_start(&h, args), 0);
     assert_int_equal(chmod(h.dir, 0755), 0);
     bystander_t b;
@@ -290,8 +286,8 @@ static void uids_never_share_an_executor(void **state)
     int mine = 0, theirs = 0;
     for (size_t i = 0; i < json_array_size(ex); i++) {
         json_t *e = json_array_get(ex, i);
-        if (harness_int(e, "pid") == 0 || strcmp(json_string_value(json_object_get(e, "device")),
-                                                 "cpu:0") != 0)
+        if (harness_int(e, "pid") == 0 ||
+            strcmp(json_string_value(json_object_get(e, "device")), "cpu:0") != 0)
             continue;
         printf("    executor uid %lld pid %lld (%lld MiB resident): %s\n", harness_int(e, "uid"),
                harness_int(e, "pid"), harness_int(e, "rss_bytes") >> 20,
