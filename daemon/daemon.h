@@ -137,6 +137,8 @@ int gd_wire_send_bytes(gd_wire_t *w, const graphd_frame_t *f, const void *msg, s
 
 /* lifetime.c, modules.c, capture.c, replay.c: modules, captures, graphs and replays. */
 int gd_graphs_start(gd_daemon_t *d);
+/* Applies the reloadable executor bounds (max_*_ms, max_executor_memory_bytes) after SIGHUP. */
+void gd_graphs_reload(gd_daemon_t *d);
 /* Exits the process now, with d->exit_code, leaving a thread stuck in a module's code as it is
  * (nothing can stop it, and freeing what it uses would crash): removes the socket file and
  * flushes the log first. For the stop path only. */

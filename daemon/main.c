@@ -107,6 +107,7 @@ static void reload(gd_daemon_t *d)
         gd_config_free(&next);
         gd_log_set_level((int)d->cfg.log_level);
         pm_manager_set_max_region(d->pools, d->cfg.max_region_bytes);
+        gd_graphs_reload(d);
         d->reloads++;
         gd_info("reload: %d setting%s changed", changed, changed == 1 ? "" : "s");
     }

@@ -250,6 +250,54 @@ static void executor_over_its_memory_is_killed(void **state)
     assert_int_equal(harness_stop(&h), 0);
 }
 
+/* max_replay_ms is reloadable: after SIGHUP a stuck replay is killed at the new bound. */
+static void replay_bound_reloads(void **state)
+{
+    harness_fixture_t *f = *state;
+    char conf[128];
+    snprintf(conf, sizeof conf, "/tmp/graphd-exec-reload-%d.conf", (int)getpid());
+    FILE *fp = fopen(conf, "w");
+    assert_non_null(fp);
+    fputs("[graphd]\nmax_replay_ms = 60000\n", fp);
+    fclose(fp);
+    harness_t h;
+    const char *args[] = {"--config", conf, NULL};
+    assert_int_equal(harness_start(&h, args), 0);
+    graphd_client_t *c = harness_client(&h, "attacker");
+    assert_non_null(c);
+    uint64_t mid = harness_models_register(c, &f->m, "stall.pt");
+    assert_true(mid != 0);
+    graphd_graph_t *g = NULL;
+    assert_int_equal(capture(c, mid, 1, 4, 0, &g), GRAPHD_OK);
+    fp = fopen(conf, "w");
+    assert_non_null(fp);
+    fputs("[graphd]\nmax_replay_ms = 700\n", fp);
+    fclose(fp);
+    assert_int_equal(kill(h.pid, SIGHUP), 0);
+    json_t *st = NULL;
+    for (int i = 0; i < 100; i++) {
+        st = harness_status(c);
+        if (harness_int(json_object_get(st, "daemon"), "config_reloads") == 1)
+            break;
+        json_decref(st);
+        st = NULL;
+        usleep(50000);
+    }
+    assert_non_null(st);
+    json_decref(st);
+    set_input(g, 0, 1e15f);
+    set_input(g, 1, 1.0f);
+    int rc = graphd_replay(g, GRAPHD_PHASE_FORWARD, NULL);
+    printf("    after the reload the stuck replay answered %s: %s\n", graphd_err_name(rc),
+           graphd_last_error(c));
+    assert_int_equal(rc, GRAPHD_EDEADLINE_EXCEEDED);
+    assert_non_null(strstr(graphd_last_error(c), "max_replay_ms (700 ms)"));
+    graphd_graph_release(g);
+    graphd_close(c);
+    assert_int_equal(harness_stop(&h), 0);
+    unlink(conf);
+}
+
 /* The inodes of the memfds an executor has mapped (its static regions). */
 static size_t memfd_inodes(int pid, unsigned long *out, size_t max)
 {
@@ -349,6 +397,7 @@ int main(void)
         cmocka_unit_test(stuck_capture_is_killed_at_the_bound),
         cmocka_unit_test(stuck_replay_is_killed_at_the_bound),
         cmocka_unit_test(executor_over_its_memory_is_killed),
+        cmocka_unit_test(replay_bound_reloads),
         cmocka_unit_test(uids_never_share_an_executor),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
