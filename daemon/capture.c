@@ -4,11 +4,9 @@
 #include "graphd.pb-c.h"
 #include "log.h"
 
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 
 /* ---- capture ----------------------------------------------------------- */
 

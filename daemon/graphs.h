@@ -76,8 +76,6 @@ struct gd_graph {
     gd_rpool_t *rpool; /* the session's runtime pool in it (worker-side) */
     gd_worker_t *worker;
     gd_xgraph_t *g;
-    void *base; /* the graph's own mapping of its region */
-    size_t map_len;
     uint64_t region_id;
     uint64_t region_bytes;
     char module[GD_NAME_MAX + 1];

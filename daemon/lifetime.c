@@ -1,6 +1,6 @@
 /*
- * Graph lifetime: the daemon's side of graph_runtime, its start and stop, graph pools and
- * the graphs themselves (modules.c, capture.c and replay.c make and run them).
+ * Graph lifetime: the daemon's side of the executors (exec.c), their start and stop, graph
+ * pools and the graphs themselves (modules.c, capture.c and replay.c make and run them).
  *
  * The loop thread owns the tables (modules, graphs, runtime pools) and every
  * region. Device work runs on the device's worker: captures in two steps
@@ -9,10 +9,10 @@
  * that came in on the session socket is answered by the worker itself through
  * the connection's wire; one that came through gRPC goes back to the loop.
  *
- * A graph maps its region a second time, privately: when its session ends the
- * region leaves the pool at once (status shows it gone), while the graph's own
- * mapping stays valid until the worker, after any replay still queued, has
- * destroyed the graph.
+ * The executor maps a graph's region a second time, from the memfd sent with
+ * the capture: when its session ends the region leaves the pool at once (status
+ * shows it gone), while the executor's mapping stays valid until the worker,
+ * after any replay still queued, has destroyed the graph.
  *
  * Device-resident captures (CaptureRequest.device_resident) put the static
  * tensors in device memory instead: the worker allocates one block per
@@ -28,11 +28,9 @@
 #include "graphd.pb-c.h"
 #include "log.h"
 
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <unistd.h>
 
 gd_worker_t *gd_worker_for(gd_daemon_t *d, const char *device)
@@ -398,8 +396,6 @@ static void graph_destroy_done(gd_job_t *job)
 {
     graph_job_t *j = (graph_job_t *)job;
     gd_graph_t *g = j->graph;
-    if (g->base)
-        munmap(g->base, g->map_len);
     g->pool->graphs--;
     gpool_maybe_free(j->d, g->pool);
     free(g);
