@@ -88,7 +88,7 @@ static void load_done(uv_work_t *w, int status)
     rep.module_id = m->id;
     rep.sha256.data = m->sha256;
     rep.sha256.len = GR_SHA256_LEN;
-    rep.reused = op->info.refcount > 1; /* loads of the same uid only (gr_module_load_keyed) */
+    rep.reused = op->info.refcount > 1; /* loads in this uid's own executor only */
     rep.training = m->training != 0;
     gd_call_reply(op->call, &rep.base);
     free(op);
