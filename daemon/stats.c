@@ -1,16 +1,5 @@
-/* Lock-free latency histograms (see stats.h). */
+/* Lock-free latency histograms (see stats.h); bucket_mid inverts gx_hist_bucket. */
 #include "stats.h"
-
-/* Bucket 4k+s covers [2^k * (4+s)/4, 2^k * (5+s)/4) for k >= 2; values below 4 share bucket 0. */
-static unsigned bucket_of(uint64_t v)
-{
-    if (v < 4)
-        return 0;
-    unsigned k = 63u - (unsigned)__builtin_clzll(v);
-    unsigned sub = (unsigned)((v >> (k - 2)) & 3u);
-    unsigned b = (k - 1) * 4 + sub;
-    return b < GD_HIST_BUCKETS ? b : GD_HIST_BUCKETS - 1;
-}
 
 static uint64_t bucket_mid(unsigned b)
 {
@@ -24,8 +13,12 @@ static uint64_t bucket_mid(unsigned b)
 
 void gd_hist_add(gd_hist_t *h, uint64_t ns)
 {
-    atomic_fetch_add_explicit(&h->bucket[bucket_of(ns)], 1, memory_order_relaxed);
-    atomic_fetch_add_explicit(&h->count, 1, memory_order_relaxed);
+    gx_hist_add(h, ns);
+}
+
+void gd_hist_merge(gd_hist_t *dst, const gd_hist_t *src)
+{
+    gx_hist_merge(dst, src);
 }
 
 uint64_t gd_hist_count(const gd_hist_t *h)
