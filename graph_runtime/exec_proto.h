@@ -53,11 +53,37 @@
  *   SEQ_SKIP         u64 seq, u64 n -> () (on the urgent socket: no reply)
  *   SEQ_RELEASE      u64 seq -> () (on the urgent socket: no reply)
  *   SEQ_DESTROY      u64 seq -> ()
+ *   CONN_OPEN        u64 session, and one fd: a SOCK_STREAM socket whose other end the session's
+ *                    client holds -> (); the client sends REPLAY frames (graphd_frame.h) on it and
+ *                    reads their replies there ("the direct data plane", below)
+ *   GRAPH_BIND       u64 graph, u64 session, u64 handle (the daemon's graph id), u32 slot ->
+ *                    (): the session may replay the graph over its connections by handle; the
+ *                    executor counts those replays in the state page's slot (GX_NO_SLOT: none)
+ *   SESSION_BIND     u64 session, u32 what (GX_BIND_*), u64 object -> (): the session's
+ *                    sequence counters (posted REPLAYs) or events (ordered REPLAYs) on this
+ *                    device
  * Object ids are the executor's, from 1, never reused; an unknown id is GR_ENOTFOUND.
+ *
+ * The direct data plane. A client's REPLAY frames go straight to its executor on the socket of
+ * CONN_OPEN, not through the daemon: the executor checks each frame as the daemon did (the graph
+ * is bound to the connection's session, phase, flags, a posted replay's number is the session's
+ * next), replays, and answers on the socket without ever blocking on it (an output buffer capped
+ * at --reply-max bytes; a client over it is disconnected, counted in GX_STATE's dropped_conns).
+ * It serves its connections round-robin, one frame each in turn, and the channel before them. A
+ * connection whose peer has gone (POLLHUP: the client died, or the daemon shut the socket down at
+ * the session's end) is closed with the frames still queued on it unrun (counted in
+ * replays_dropped). Before GRAPH_DESTROY it runs the frames already queued by the graph's session,
+ * so a replay sent before a release still runs.
+ *
+ * The state page (fd GX_STATE_FD, a memfd of sizeof(gx_state_t) the daemon made and maps too):
+ * the executor writes it, the daemon only reads it, and treats what it reads as untrusted
+ * numbers. busy_since_ns is the CLOCK_MONOTONIC time a direct replay began (0: none running), so
+ * that the daemon's watchdog can kill a replay that passes max_replay_ms as it kills a stuck call.
  */
 #ifndef GR_EXEC_PROTO_H
 #define GR_EXEC_PROTO_H
 
+#include "hist.h"
 #include "runtime.h"
 
 #include <stdbool.h>
@@ -67,6 +93,7 @@
 
 #define GX_CHANNEL_FD 3
 #define GX_URGENT_FD 4
+#define GX_STATE_FD 5
 #define GX_MAGIC 0x47584543u /* "GXEC" */
 #define GX_MAX_PAYLOAD (UINT64_C(8) << 30)
 #define GX_MAX_FDS 64 /* memfds in one message: one per callable of a capture */
@@ -91,7 +118,10 @@
     X(SEQ_CREATE, 17)                                                                              \
     X(SEQ_SKIP, 18)                                                                                \
     X(SEQ_RELEASE, 19)                                                                             \
-    X(SEQ_DESTROY, 20)
+    X(SEQ_DESTROY, 20)                                                                             \
+    X(CONN_OPEN, 21)                                                                               \
+    X(GRAPH_BIND, 22)                                                                              \
+    X(SESSION_BIND, 23)
 
 typedef enum {
 #define GX_OP_ENUM(name, value) GX_OP_##name = value,
@@ -101,6 +131,28 @@ typedef enum {
 
 #define GX_BLOCK_HOST 0u
 #define GX_BLOCK_DEVICE 1u
+
+#define GX_BIND_SEQ 0u  /* the session's sequence counters */
+#define GX_BIND_WAIT 1u /* the client's event, opened here */
+#define GX_BIND_DONE 2u /* the executor's event */
+
+#define GX_NO_SLOT UINT32_MAX
+#define GX_STATE_SLOTS 4096 /* graphs with replay figures per executor */
+
+/* One graph's figures for the replays that came to the executor directly. */
+typedef struct gx_slot {
+    _Atomic uint64_t forward, backward, errors;
+    gx_hist_t latency; /* ns from reading the frame to sending the answer */
+} gx_slot_t;
+
+typedef struct gx_state {
+    _Atomic uint64_t busy_since_ns;   /* CLOCK_MONOTONIC ns a direct replay began; 0: none */
+    _Atomic uint64_t busy_graph;      /* its handle (the daemon's graph id) */
+    _Atomic uint64_t replays_dropped; /* queued on connections whose peer had gone, unrun */
+    _Atomic uint64_t dropped_conns;   /* connections closed for not reading their answers */
+    uint64_t reserved[4];
+    gx_slot_t slot[GX_STATE_SLOTS];
+} gx_state_t;
 
 #define GX_REPLAY_PLAIN 0u
 #define GX_REPLAY_ORDERED 1u

@@ -9,18 +9,23 @@
  * only a message that cannot be framed (bad magic, a payload over GX_MAX_PAYLOAD, a short read)
  * ends it (exit 3). EOF on the channel ends it cleanly (exit 0), freeing everything.
  *
- * Threads: the main thread serves GX_CHANNEL_FD; one more serves GX_URGENT_FD (SEQ_RELEASE, no
- * reply), sharing the seq table under a mutex. Only the main thread creates or destroys objects.
+ * Threads: the main thread serves GX_CHANNEL_FD and the direct connections of the sessions
+ * (exec_proto.h, "the direct data plane": REPLAY frames from the clients, checked here as the
+ * daemon would); one more serves GX_URGENT_FD (SEQ_RELEASE, no reply), sharing the seq table
+ * under a mutex. Only the main thread creates or destroys objects.
  */
 #include "exec_proto.h"
+#include "graphd_frame.h"
 #include "runtime.h"
 #include "sandbox.h"
 
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <limits.h>
 #include <pthread.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -28,10 +33,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #define EXIT_USAGE 2  /* bad arguments, or the runtime refused them */
@@ -44,6 +51,8 @@
 #define OFF_MAX 256      /* bytes of READY's "off" text */
 #define ERR_MAX 1024     /* bytes of an error reply's message */
 #define URGENT_MAX 4096  /* largest payload the urgent socket skips over */
+#define CONN_MAX 256     /* direct connections: this uid's sessions using this device */
+#define CONN_IN 16384    /* bytes of frames read ahead per connection */
 
 /* ---- arguments and READY ------------------------------------------------------------------ */
 
@@ -56,6 +65,8 @@ typedef struct exec_args {
     uint64_t call_memory;
     bool no_sandbox;
     bool no_landlock, no_seccomp; /* one layer off, to find which one a device driver needs */
+    uint64_t reply_max; /* a direct connection's unsent answers, in bytes, before it is dropped */
+    uint64_t spin_us;   /* poll, not sleep, this long after a device replay (0: never) */
     const char *read_paths[MAX_PATHS];
     size_t n_read;
     const char *rw_paths[MAX_PATHS];
@@ -91,6 +102,10 @@ typedef struct entry {
     void *map; /* the host block's mapping (NULL for a device block) */
     size_t map_len;
     devblock_t *dev; /* the device block (NULL for a host block) */
+    /* graphs bound for direct replays (GRAPH_BIND): the daemon's id, its session, the state
+     * page's slot; handle 0 when not bound */
+    uint64_t handle, session;
+    uint32_t slot;
 } entry_t;
 
 /* Entries in increasing id order (ids only grow), so a look-up is a binary search. */
@@ -101,9 +116,29 @@ typedef struct table {
     uint64_t next_id;
 } table_t;
 
+/* A session's direct connection (CONN_OPEN): frames read ahead, answers not yet sent. */
+typedef struct conn {
+    int fd;
+    uint64_t session;
+    uint8_t in[CONN_IN];
+    size_t in_len;
+    uint8_t *out;
+    size_t out_len, out_cap;
+} conn_t;
+
+/* What SESSION_BIND gave a session (object ids, 0: none), and its last posted replay. */
+typedef struct sess {
+    uint64_t session, seq, wait, done, last;
+} sess_t;
+
 static struct {
     exec_args_t args;
     table_t modules, pools, captures, graphs, events, seqs;
+    conn_t *conns[CONN_MAX];
+    size_t nconns, rr;
+    sess_t *sess;
+    size_t nsess, cap_sess;
+    gx_state_t *state;        /* the page the daemon reads (a private one when it gave none) */
     pthread_mutex_t seq_lock; /* seqs: the urgent thread looks up and releases under it */
     devblock_t **devblocks;
     size_t n_devblocks, cap_devblocks;
@@ -965,6 +1000,477 @@ static int op_capture_finish(gx_rbuf_t *r, msg_t *m, gx_wbuf_t *out)
     return rc;
 }
 
+/* ---- the direct data plane ---------------------------------------------------------------- */
+
+/* gRPC status codes of the answers this file writes itself (graphd_frame.h's status). */
+enum {
+    ST_INVALID_ARGUMENT = 3,
+    ST_NOT_FOUND = 5,
+    ST_PERMISSION_DENIED = 7,
+    ST_FAILED_PRECONDITION = 9,
+};
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static sess_t *sess_find(uint64_t session)
+{
+    for (size_t i = 0; i < X.nsess; i++)
+        if (X.sess[i].session == session)
+            return &X.sess[i];
+    return NULL;
+}
+
+/* The session's entry, made when missing; NULL when out of memory. */
+static sess_t *sess_get(uint64_t session)
+{
+    sess_t *s = sess_find(session);
+    if (s)
+        return s;
+    if (X.nsess == X.cap_sess) {
+        size_t cap = X.cap_sess ? X.cap_sess * 2 : 8;
+        sess_t *v = realloc(X.sess, cap * sizeof *v);
+        if (v == NULL)
+            return NULL;
+        X.sess = v;
+        X.cap_sess = cap;
+    }
+    s = &X.sess[X.nsess++];
+    memset(s, 0, sizeof *s);
+    s->session = session;
+    return s;
+}
+
+/* Object id is gone (SEQ_DESTROY, EVENT_DESTROY): no session uses it any more; a session left
+ * with nothing bound is forgotten. */
+static void sess_forget(uint64_t id, bool is_seq)
+{
+    for (size_t i = X.nsess; i-- > 0;) {
+        sess_t *s = &X.sess[i];
+        if (is_seq && s->seq == id)
+            s->seq = s->last = 0;
+        if (!is_seq && s->wait == id)
+            s->wait = 0;
+        if (!is_seq && s->done == id)
+            s->done = 0;
+        if (s->seq == 0 && s->wait == 0 && s->done == 0)
+            X.sess[i] = X.sess[--X.nsess];
+    }
+}
+
+/* The graph bound to handle (GRAPH_BIND), or NULL. */
+static entry_t *graph_by_handle(uint64_t handle)
+{
+    if (handle == 0)
+        return NULL;
+    for (size_t i = 0; i < X.graphs.n; i++)
+        if (X.graphs.v[i].handle == handle)
+            return &X.graphs.v[i];
+    return NULL;
+}
+
+/* Queues bytes on c's output after what is already there; false over --reply-max. */
+static bool conn_queue(conn_t *c, const uint8_t *p, size_t n)
+{
+    if (c->out_len + n > X.args.reply_max)
+        return false;
+    if (c->out_len + n > c->out_cap) {
+        size_t cap = c->out_cap ? c->out_cap : 4096;
+        while (cap < c->out_len + n)
+            cap *= 2;
+        uint8_t *grown = realloc(c->out, cap);
+        if (grown == NULL)
+            return false;
+        c->out = grown;
+        c->out_cap = cap;
+    }
+    memcpy(c->out + c->out_len, p, n);
+    c->out_len += n;
+    return true;
+}
+
+/* Sends what c's output holds, as far as the socket takes it now. false: the peer is gone. */
+static bool conn_flush(conn_t *c)
+{
+    size_t off = 0;
+    while (off < c->out_len) {
+        ssize_t r = send(c->fd, c->out + off, c->out_len - off, MSG_DONTWAIT | MSG_NOSIGNAL);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+            break;
+        if (r <= 0)
+            return false;
+        off += (size_t)r;
+    }
+    memmove(c->out, c->out + off, c->out_len - off);
+    c->out_len -= off;
+    return true;
+}
+
+/* Answers a frame: straight to the socket when nothing waits before it, else after what does.
+ * false when the connection must close (the peer is gone, or it does not read its answers). */
+static bool conn_answer(conn_t *c, uint16_t type, uint64_t seq, uint64_t id, uint64_t arg,
+                        int status, const char *msg)
+{
+    size_t n = msg && status ? strlen(msg) : 0;
+    if (n > GRAPHD_FRAME_MAX_MSG)
+        n = GRAPHD_FRAME_MAX_MSG;
+    graphd_frame_t f = {.magic = GRAPHD_FRAME_MAGIC,
+                        .version = GRAPHD_FRAME_VERSION,
+                        .type = type,
+                        .seq = seq,
+                        .id = id,
+                        .arg = arg,
+                        .status = status,
+                        .msg_len = (uint32_t)n};
+    uint8_t raw[GRAPHD_FRAME_SIZE + GRAPHD_FRAME_MAX_MSG];
+    graphd_frame_encode(&f, raw);
+    memcpy(raw + GRAPHD_FRAME_SIZE, msg, n);
+    if (!conn_queue(c, raw, GRAPHD_FRAME_SIZE + n)) {
+        atomic_fetch_add(&X.state->dropped_conns, 1);
+        fprintf(stderr,
+                "graphd-executor: session %" PRIu64 " does not read its replay answers (%zu bytes "
+                "unsent, --reply-max %" PRIu64 "): its connection is closed\n",
+                c->session, c->out_len, X.args.reply_max);
+        return false;
+    }
+    return conn_flush(c);
+}
+
+/* An error that ends the connection: an ERROR frame saying why, then the caller closes it. */
+static bool conn_refuse(conn_t *c, uint64_t seq, int status, const char *msg)
+{
+    conn_answer(c, GRAPHD_FRAME_ERROR, seq, 0, 0, status, msg);
+    return false;
+}
+
+static void slot_count(entry_t *g, int phase, int rc, uint64_t t0)
+{
+    if (g->slot >= GX_STATE_SLOTS)
+        return;
+    gx_slot_t *s = &X.state->slot[g->slot];
+    if (rc != GR_OK)
+        atomic_fetch_add_explicit(&s->errors, 1, memory_order_relaxed);
+    else if (phase == GR_PHASE_FORWARD)
+        atomic_fetch_add_explicit(&s->forward, 1, memory_order_relaxed);
+    else
+        atomic_fetch_add_explicit(&s->backward, 1, memory_order_relaxed);
+    gx_hist_add(&s->latency, now_ns() - t0);
+}
+
+/* The session's posted replay n: its counters, and n its next number. NULL with the message in
+ * X.err when not. */
+static gr_seq_t *posted_counters(conn_t *c, unsigned index, uint64_t n)
+{
+    char device[32];
+    snprintf(device, sizeof device, "cuda:%u", index);
+    sess_t *s = sess_find(c->session);
+    gr_seq_t *seq = NULL;
+    if (s && s->seq) {
+        pthread_mutex_lock(&X.seq_lock);
+        entry_t *e = table_find(&X.seqs, s->seq);
+        seq = e ? e->obj : NULL;
+        pthread_mutex_unlock(&X.seq_lock);
+    }
+    if (strcmp(device, X.args.device) != 0)
+        reject(GR_EINVAL, "posted REPLAY for %s on the connection of %s", device, X.args.device);
+    else if (seq == NULL)
+        reject(GR_EPRECOND,
+               "a posted REPLAY needs the session's sequence counters for %s (SEQ frame) first",
+               device);
+    else if (n != s->last + 1)
+        reject(GR_EPRECOND, "posted REPLAY %" PRIu64 " on %s out of sequence (next: %" PRIu64 ")",
+               n, device, s->last + 1);
+    else {
+        s->last = n;
+        return seq;
+    }
+    return NULL;
+}
+
+/* Runs one REPLAY frame of c. false when the connection must close. */
+static bool direct_replay(conn_t *c, const graphd_frame_t *f)
+{
+    const uint64_t t0 = now_ns();
+    const uint16_t rtype = GRAPHD_FRAME_REPLAY | GRAPHD_FRAME_REPLY;
+    const uint64_t phase = f->arg & GRAPHD_REPLAY_PHASE_MASK;
+    const bool posted = (f->arg & GRAPHD_REPLAY_POSTED) != 0;
+    const uint64_t n = f->arg >> GRAPHD_REPLAY_SEQ_SHIFT;
+    gr_seq_t *seq = NULL;
+    if (posted) {
+        unsigned index =
+            (unsigned)((f->arg >> GRAPHD_REPLAY_DEVICE_SHIFT) & GRAPHD_REPLAY_DEVICE_MASK);
+        seq = posted_counters(c, index, n);
+        if (seq == NULL) /* as the daemon: out of step, the session's stream cannot be trusted */
+            return conn_refuse(c, f->seq, ST_FAILED_PRECONDITION, X.err);
+    }
+    int st = 0;
+    entry_t *g = graph_by_handle(f->id);
+    if (phase != GR_PHASE_FORWARD && phase != GR_PHASE_BACKWARD) {
+        st = ST_INVALID_ARGUMENT;
+        reject(GR_EINVAL, "unknown phase %" PRIu64, phase);
+    } else if (g == NULL) {
+        st = ST_NOT_FOUND;
+        reject(GR_ENOTFOUND, "no graph %" PRIu64 " on %s", f->id, X.args.device);
+    } else if (g->session != c->session) {
+        st = ST_PERMISSION_DENIED;
+        reject(GR_EINVAL, "graph %" PRIu64 " belongs to another session", f->id);
+    } else if (posted && (f->arg & GRAPHD_REPLAY_FLAGS_MASK) != GRAPHD_REPLAY_POSTED) {
+        st = ST_INVALID_ARGUMENT;
+        reject(GR_EINVAL, "REPLAY flags 0x%" PRIx64 ": POSTED goes alone",
+               f->arg & GRAPHD_REPLAY_FLAGS_MASK);
+    } else if (!posted &&
+               (f->arg & ~(uint64_t)(GRAPHD_REPLAY_PHASE_MASK | GRAPHD_REPLAY_ORDERED))) {
+        st = ST_INVALID_ARGUMENT;
+        reject(GR_EINVAL, "unknown REPLAY flags 0x%" PRIx64,
+               f->arg & ~(uint64_t)GRAPHD_REPLAY_PHASE_MASK);
+    }
+    entry_t *wait = NULL, *done = NULL;
+    if (st == 0 && (f->arg & GRAPHD_REPLAY_ORDERED)) {
+        sess_t *s = sess_find(c->session);
+        wait = s && s->wait ? table_find(&X.events, s->wait) : NULL;
+        done = s && s->done ? table_find(&X.events, s->done) : NULL;
+        if (wait == NULL || done == NULL) {
+            st = ST_FAILED_PRECONDITION;
+            reject(GR_EPRECOND,
+                   "an ordered REPLAY needs the session's events for %s (EVENTS frame) first",
+                   X.args.device);
+        }
+    }
+    if (st != 0) {
+        if (seq)
+            gr_seq_skip(seq, n); /* done = n all the same: the client's stream goes on */
+        return conn_answer(c, rtype, f->seq, f->id, 0, st, X.err);
+    }
+    uint64_t ns = 0;
+    atomic_store(&X.state->busy_graph, f->id);
+    atomic_store(&X.state->busy_since_ns, t0);
+    int rc;
+    if (seq)
+        rc = gr_graph_replay_posted(g->obj, (int)phase, seq, n, &ns);
+    else if (wait)
+        rc = gr_graph_replay_ordered(g->obj, (int)phase, wait->obj, done->obj, &ns);
+    else
+        rc = gr_graph_replay(g->obj, (int)phase, &ns);
+    atomic_store(&X.state->busy_since_ns, 0);
+    if (rc != GR_OK)
+        snprintf(X.err, sizeof X.err, "%s", gr_last_error());
+    slot_count(g, (int)phase, rc, t0);
+    if (posted && rc == GR_OK)
+        return true; /* answered only when it fails */
+    return conn_answer(c, rtype, f->seq, f->id, ns, gr_err_grpc(rc), rc ? X.err : NULL);
+}
+
+/* Runs c's next buffered frame, if a whole one is there. false when the connection must close. */
+static bool conn_serve_one(conn_t *c, bool *ran)
+{
+    *ran = false;
+    if (c->in_len < GRAPHD_FRAME_SIZE)
+        return true;
+    graphd_frame_t f;
+    graphd_frame_decode(c->in, &f);
+    char msg[160];
+    if (f.magic != GRAPHD_FRAME_MAGIC || f.version != GRAPHD_FRAME_VERSION) {
+        snprintf(msg, sizeof msg, "bad frame (magic 0x%08x version %u) on the replay connection",
+                 f.magic, f.version);
+        return conn_refuse(c, f.seq, ST_INVALID_ARGUMENT, msg);
+    }
+    if (f.type != GRAPHD_FRAME_REPLAY || f.msg_len != 0) {
+        snprintf(msg, sizeof msg,
+                 "the replay connection takes REPLAY frames without a message, not type 0x%04x "
+                 "with %u bytes (other frames go on the session socket)",
+                 f.type, f.msg_len);
+        return conn_refuse(c, f.seq, ST_INVALID_ARGUMENT, msg);
+    }
+    memmove(c->in, c->in + GRAPHD_FRAME_SIZE, c->in_len - GRAPHD_FRAME_SIZE);
+    c->in_len -= GRAPHD_FRAME_SIZE;
+    *ran = true;
+    return direct_replay(c, &f);
+}
+
+/* Reads what c's socket holds, up to max bytes and the room left. false: EOF or an error. */
+static bool conn_read(conn_t *c, size_t max)
+{
+    size_t room = sizeof c->in - c->in_len;
+    if (room > max)
+        room = max;
+    if (room == 0)
+        return true;
+    ssize_t r;
+    do
+        r = recv(c->fd, c->in + c->in_len, room, MSG_DONTWAIT);
+    while (r < 0 && errno == EINTR);
+    if (r < 0)
+        return errno == EAGAIN || errno == EWOULDBLOCK;
+    if (r == 0)
+        return false;
+    c->in_len += (size_t)r;
+    return true;
+}
+
+/* Closes c; the frames still queued on it (read ahead, or in its socket) are dropped unrun. */
+static void conn_close(conn_t *c)
+{
+    int queued = 0;
+    if (ioctl(c->fd, FIONREAD, &queued) != 0 || queued < 0)
+        queued = 0;
+    uint64_t frames = (c->in_len + (size_t)queued) / GRAPHD_FRAME_SIZE;
+    if (frames)
+        atomic_fetch_add(&X.state->replays_dropped, frames);
+    shutdown(c->fd,
+             SHUT_RDWR); /* the daemon holds this end too: the client sees EOF all the same */
+    close(c->fd);
+    free(c->out);
+    free(c);
+}
+
+/* Removes the connections marked closed (fd < 0 after conn_close's caller marks it). */
+static void conns_compact(void)
+{
+    size_t k = 0;
+    for (size_t i = 0; i < X.nconns; i++)
+        if (X.conns[i])
+            X.conns[k++] = X.conns[i];
+    X.nconns = k;
+}
+
+static void conn_drop(size_t i)
+{
+    conn_close(X.conns[i]);
+    X.conns[i] = NULL;
+}
+
+/* Runs the frames that session's connections hold now (read ahead or queued in the socket), so
+ * that a replay sent before a release of its graph still runs. Bounded by what is queued now. */
+static void drain_session(uint64_t session)
+{
+    for (size_t i = 0; i < X.nconns; i++) {
+        conn_t *c = X.conns[i];
+        if (c == NULL || c->session != session)
+            continue;
+        struct pollfd p = {.fd = c->fd, .events = POLLIN};
+        if (poll(&p, 1, 0) > 0 && (p.revents & (POLLHUP | POLLERR | POLLNVAL))) {
+            conn_drop(i); /* the session has ended: its queued frames go unrun */
+            continue;
+        }
+        int queued = 0;
+        if (ioctl(c->fd, FIONREAD, &queued) != 0 || queued < 0)
+            queued = 0;
+        size_t budget = (size_t)queued;
+        bool ok = true, ran = false;
+        for (;;) {
+            while (ok && (ok = conn_serve_one(c, &ran)) && ran)
+                ;
+            if (!ok || budget == 0)
+                break;
+            size_t before = c->in_len;
+            ok = conn_read(c, budget);
+            size_t got = c->in_len - before;
+            if (got == 0)
+                break;
+            budget -= got < budget ? got : budget;
+        }
+        if (!ok)
+            conn_drop(i);
+    }
+    conns_compact();
+}
+
+static int op_conn_open(gx_rbuf_t *r, msg_t *m, gx_wbuf_t *out)
+{
+    (void)out;
+    uint64_t session = gx_get_u64(r);
+    int rc = parsed(r, "CONN_OPEN");
+    if (rc)
+        return rc;
+    struct stat st;
+    if (m->nfds != 1 || m->fds_lost || fstat(m->fds[0], &st) != 0 || !S_ISSOCK(st.st_mode))
+        return reject(GR_EINVAL, "CONN_OPEN takes one socket");
+    if (session == 0)
+        return reject(GR_EINVAL, "CONN_OPEN: session 0");
+    if (X.nconns == CONN_MAX)
+        return reject(GR_ENOMEM,
+                      "CONN_OPEN: this executor already serves %d connections; end sessions of "
+                      "this uid on %s first",
+                      CONN_MAX, X.args.device);
+    conn_t *c = calloc(1, sizeof *c);
+    if (c == NULL)
+        return reject(GR_ENOMEM, "CONN_OPEN: out of memory");
+    int fl = fcntl(m->fds[0], F_GETFL);
+    if (fl < 0 || fcntl(m->fds[0], F_SETFL, fl | O_NONBLOCK) != 0) {
+        free(c);
+        return reject(GR_EINTERNAL, "CONN_OPEN: fcntl: %s", strerror(errno));
+    }
+    c->fd = m->fds[0];
+    m->fds[0] = -1; /* the connection's now */
+    c->session = session;
+    X.conns[X.nconns++] = c;
+    return GR_OK;
+}
+
+static int op_graph_bind(gx_rbuf_t *r, msg_t *m, gx_wbuf_t *out)
+{
+    (void)m;
+    (void)out;
+    uint64_t id = gx_get_u64(r), session = gx_get_u64(r), handle = gx_get_u64(r);
+    uint32_t slot = gx_get_u32(r);
+    int rc = parsed(r, "GRAPH_BIND");
+    if (rc)
+        return rc;
+    entry_t *g = table_find(&X.graphs, id);
+    if (g == NULL)
+        return not_found(&X.graphs, id);
+    if (handle == 0 || session == 0)
+        return reject(GR_EINVAL, "GRAPH_BIND: handle and session must not be 0");
+    if (slot >= GX_STATE_SLOTS && slot != GX_NO_SLOT)
+        return reject(GR_EINVAL, "GRAPH_BIND: slot %u is past the state page's %d", slot,
+                      GX_STATE_SLOTS);
+    entry_t *other = graph_by_handle(handle);
+    if (other != NULL && other != g)
+        return reject(GR_EINVAL, "GRAPH_BIND: handle %" PRIu64 " is bound to graph %" PRIu64,
+                      handle, other->id);
+    g->handle = handle;
+    g->session = session;
+    g->slot = slot;
+    return GR_OK;
+}
+
+static int op_session_bind(gx_rbuf_t *r, msg_t *m, gx_wbuf_t *out)
+{
+    (void)m;
+    (void)out;
+    uint64_t session = gx_get_u64(r);
+    uint32_t what = gx_get_u32(r);
+    uint64_t id = gx_get_u64(r);
+    int rc = parsed(r, "SESSION_BIND");
+    if (rc)
+        return rc;
+    if (what > GX_BIND_DONE)
+        return reject(GR_EINVAL, "SESSION_BIND: %u is not a GX_BIND_ kind", what);
+    table_t *t = what == GX_BIND_SEQ ? &X.seqs : &X.events;
+    if (table_find(t, id) == NULL)
+        return not_found(t, id);
+    if (session == 0)
+        return reject(GR_EINVAL, "SESSION_BIND: session 0");
+    sess_t *s = sess_get(session);
+    if (s == NULL)
+        return reject(GR_ENOMEM, "SESSION_BIND: out of memory");
+    if (what == GX_BIND_SEQ) {
+        s->seq = id;
+        s->last = 0;
+    } else if (what == GX_BIND_WAIT) {
+        s->wait = id;
+    } else {
+        s->done = id;
+    }
+    return GR_OK;
+}
+
 static int op_graph_replay(gx_rbuf_t *r, msg_t *m, gx_wbuf_t *out)
 {
     (void)m;
@@ -1026,6 +1532,10 @@ static int op_graph_destroy(gx_rbuf_t *r, msg_t *m, gx_wbuf_t *out)
     entry_t *e = table_find(&X.graphs, id);
     if (e == NULL)
         return not_found(&X.graphs, id);
+    if (e->handle) {
+        drain_session(e->session); /* may run replays of e: look it up again after */
+        e = table_find(&X.graphs, id);
+    }
     graph_free(e);
     return GR_OK;
 }
@@ -1152,6 +1662,7 @@ static int op_event_destroy(gx_rbuf_t *r, msg_t *m, gx_wbuf_t *out)
         return not_found(&X.events, id);
     gr_event_destroy(e->obj);
     table_remove(&X.events, e);
+    sess_forget(id, false);
     return GR_OK;
 }
 
@@ -1251,6 +1762,7 @@ static int op_seq_destroy(gx_rbuf_t *r, msg_t *m, gx_wbuf_t *out)
     if (s == NULL)
         return not_found(&X.seqs, id);
     gr_seq_destroy(s);
+    sess_forget(id, true);
     return GR_OK;
 }
 
@@ -1277,6 +1789,9 @@ static const struct {
     [GX_OP_SEQ_SKIP] = {"SEQ_SKIP", op_seq_skip},
     [GX_OP_SEQ_RELEASE] = {"SEQ_RELEASE", op_seq_release},
     [GX_OP_SEQ_DESTROY] = {"SEQ_DESTROY", op_seq_destroy},
+    [GX_OP_CONN_OPEN] = {"CONN_OPEN", op_conn_open},
+    [GX_OP_GRAPH_BIND] = {"GRAPH_BIND", op_graph_bind},
+    [GX_OP_SESSION_BIND] = {"SESSION_BIND", op_session_bind},
 };
 
 /* Runs one request and sends its reply; false when the reply cannot be sent. */
@@ -1291,8 +1806,10 @@ static bool serve_one(msg_t *m)
     } else if (m->payload == NULL && m->hdr.len > 0) {
         rc = reject(GR_ENOMEM, "%s: no memory for a payload of %" PRIu64 " bytes", OPS[op].name,
                     m->hdr.len);
-    } else if (op != GX_OP_CAPTURE_FINISH && (m->nfds || m->hdr.nfds || m->fds_lost)) {
-        rc = reject(GR_EINVAL, "%s: the request carries fds; only CAPTURE_FINISH takes any",
+    } else if (op != GX_OP_CAPTURE_FINISH && op != GX_OP_CONN_OPEN &&
+               (m->nfds || m->hdr.nfds || m->fds_lost)) {
+        rc = reject(GR_EINVAL,
+                    "%s: the request carries fds; only CAPTURE_FINISH and CONN_OPEN take any",
                     OPS[op].name);
     } else {
         gx_rbuf_t r = {m->payload, (size_t)m->hdr.len, 0, false};
@@ -1309,6 +1826,86 @@ static bool serve_one(msg_t *m)
         ok = send_msg(GX_CHANNEL_FD, op, m->hdr.seq, rc, X.err, strlen(X.err));
     gx_wbuf_free(&out);
     return ok;
+}
+
+/* ---- serving ------------------------------------------------------------------------------ */
+
+/* One channel request, when one is there. 1: served; 0: EOF (the daemon is done); -1: broken. */
+static int serve_channel(void)
+{
+    msg_t m;
+    int r = read_msg(GX_CHANNEL_FD, &m, "channel");
+    if (r <= 0)
+        return r;
+    bool sent = serve_one(&m);
+    msg_free(&m);
+    if (!sent) {
+        fprintf(stderr, "graphd-executor: channel: the reply could not be sent: %s\n",
+                strerror(errno));
+        return -1;
+    }
+    return 1;
+}
+
+/*
+ * The main thread's loop: in each round one channel request (when one is there), then one frame
+ * of each direct connection, starting one further along each round. A connection whose peer is gone
+ * is closed with what it still has queued. After a replay on a device it polls rather than sleeps
+ * for --spin-us, as the daemon's threads did. 0 at the channel's EOF, else EXIT_BROKEN.
+ */
+static int serve(void)
+{
+    static struct pollfd pf[1 + CONN_MAX];
+    const bool device = strncmp(X.args.device, "cpu", 3) != 0;
+    uint64_t hot_until = 0;
+    for (;;) {
+        bool more = IN.tail > IN.head;
+        for (size_t i = 0; i < X.nconns && !more; i++)
+            more = X.conns[i]->in_len >= GRAPHD_FRAME_SIZE;
+        int timeout = more || (hot_until && now_ns() < hot_until) ? 0 : -1;
+        pf[0] = (struct pollfd){.fd = GX_CHANNEL_FD, .events = POLLIN};
+        for (size_t i = 0; i < X.nconns; i++)
+            pf[1 + i] =
+                (struct pollfd){.fd = X.conns[i]->fd,
+                                .events = (short)(POLLIN | (X.conns[i]->out_len ? POLLOUT : 0))};
+        size_t npf = 1 + X.nconns;
+        if (poll(pf, npf, timeout) < 0 && errno != EINTR) {
+            fprintf(stderr, "graphd-executor: poll: %s\n", strerror(errno));
+            return EXIT_BROKEN;
+        }
+        for (size_t i = 0; i + 1 < npf; i++) {
+            short re = pf[1 + i].revents;
+            conn_t *c = X.conns[i];
+            bool ok = !(re & (POLLHUP | POLLERR | POLLNVAL));
+            if (ok && (re & POLLOUT))
+                ok = conn_flush(c);
+            if (ok && (re & POLLIN))
+                ok = conn_read(c, SIZE_MAX);
+            if (!ok)
+                conn_drop(i);
+        }
+        conns_compact();
+        /* One channel request, then one frame of each connection: the daemon's calls (which
+         * carry the replays of every session socket of this uid) take turns with them. */
+        if ((pf[0].revents & (POLLIN | POLLHUP | POLLERR)) || IN.tail > IN.head) {
+            int r = serve_channel();
+            if (r <= 0)
+                return r == 0 ? 0 : EXIT_BROKEN;
+        }
+        size_t n = X.nconns;
+        bool ran_any = false;
+        for (size_t k = 0; k < n; k++) {
+            size_t i = (X.rr + k) % n;
+            bool ran;
+            if (!conn_serve_one(X.conns[i], &ran))
+                conn_drop(i);
+            ran_any |= ran;
+        }
+        X.rr++;
+        conns_compact();
+        if (ran_any && device && X.args.spin_us)
+            hot_until = now_ns() + X.args.spin_us * 1000;
+    }
 }
 
 /* ---- the urgent socket -------------------------------------------------------------------- */
@@ -1359,14 +1956,14 @@ static void *urgent_main(void *arg)
 
 /* ---- start and end ------------------------------------------------------------------------ */
 
-/* Closes every fd above GX_URGENT_FD: what the daemon leaked, possibly another tenant's. */
+/* Closes every fd above GX_STATE_FD: what the daemon leaked, possibly another tenant's. */
 static void close_inherited_fds(void)
 {
-    if (close_range(GX_URGENT_FD + 1, ~0u, 0) == 0)
+    if (close_range(GX_STATE_FD + 1, ~0u, 0) == 0)
         return;
     DIR *d = opendir("/proc/self/fd");
     if (d == NULL) {
-        for (int fd = GX_URGENT_FD + 1; fd < 65536; fd++)
+        for (int fd = GX_STATE_FD + 1; fd < 65536; fd++)
             close(fd);
         return;
     }
@@ -1376,7 +1973,7 @@ static void close_inherited_fds(void)
     size_t n = 0;
     while ((e = readdir(d)) != NULL && n < 256) {
         int fd = atoi(e->d_name);
-        if (fd > GX_URGENT_FD && fd != self)
+        if (fd > GX_STATE_FD && fd != self)
             fds[n++] = fd;
     }
     closedir(d);
@@ -1392,10 +1989,12 @@ static void usage(const char *msg, const char *arg)
     fprintf(stderr,
             "usage: graphd-executor --device DEV [--intra-op-threads N] [--cpu-devices N]\n"
             "       [--max-unpacked BYTES] [--call-memory BYTES] [--no-sandbox]\n"
+            "       [--reply-max BYTES] [--spin-us US]\n"
             "       [--no-landlock] [--no-seccomp]\n"
             "       [--read PATH]... [--rw PATH]...\n"
-            "fd %d is the daemon's channel, fd %d its urgent socket (started by graphd)\n",
-            GX_CHANNEL_FD, GX_URGENT_FD);
+            "fd %d is the daemon's channel, fd %d its urgent socket, fd %d (optional) the state\n"
+            "page it reads (started by graphd)\n",
+            GX_CHANNEL_FD, GX_URGENT_FD, GX_STATE_FD);
     exit(EXIT_USAGE);
 }
 
@@ -1415,6 +2014,7 @@ static uint64_t parse_u64(const char *flag, const char *s, uint64_t max)
 static void parse_args(int argc, char **argv, exec_args_t *a)
 {
     memset(a, 0, sizeof *a);
+    a->reply_max = 1u << 20;
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i];
         if (strcmp(f, "--no-sandbox") == 0) {
@@ -1427,7 +2027,8 @@ static void parse_args(int argc, char **argv, exec_args_t *a)
         }
         if (strcmp(f, "--device") && strcmp(f, "--intra-op-threads") &&
             strcmp(f, "--cpu-devices") && strcmp(f, "--max-unpacked") &&
-            strcmp(f, "--call-memory") && strcmp(f, "--read") && strcmp(f, "--rw"))
+            strcmp(f, "--call-memory") && strcmp(f, "--read") && strcmp(f, "--rw") &&
+            strcmp(f, "--reply-max") && strcmp(f, "--spin-us"))
             usage("unknown flag", f);
         if (i + 1 >= argc)
             usage("missing the value of", f);
@@ -1447,6 +2048,10 @@ static void parse_args(int argc, char **argv, exec_args_t *a)
             a->max_unpacked_set = true;
         } else if (strcmp(f, "--call-memory") == 0) {
             a->call_memory = parse_u64(f, v, UINT64_MAX);
+        } else if (strcmp(f, "--reply-max") == 0) {
+            a->reply_max = parse_u64(f, v, UINT64_C(1) << 40);
+        } else if (strcmp(f, "--spin-us") == 0) {
+            a->spin_us = parse_u64(f, v, 1000000);
         } else if (strcmp(f, "--read") == 0 || strcmp(f, "--rw") == 0) {
             bool rw = f[2] == 'r' && f[3] == 'w';
             size_t *n = rw ? &a->n_rw : &a->n_read;
@@ -1467,6 +2072,26 @@ static void check_socket(int fd, const char *what)
                 fd, what);
         exit(EXIT_USAGE);
     }
+}
+
+/* The state page: the daemon's memfd at GX_STATE_FD when it gave one, else memory of our own (a
+ * test that starts the executor by hand). */
+static void map_state(void)
+{
+    struct stat st;
+    void *p = MAP_FAILED;
+    if (fstat(GX_STATE_FD, &st) == 0 && S_ISREG(st.st_mode) &&
+        (uint64_t)st.st_size >= sizeof(gx_state_t))
+        p = mmap(NULL, sizeof(gx_state_t), PROT_READ | PROT_WRITE, MAP_SHARED, GX_STATE_FD, 0);
+    close(GX_STATE_FD);
+    if (p == MAP_FAILED)
+        p = mmap(NULL, sizeof(gx_state_t), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1,
+                 0);
+    if (p == MAP_FAILED) {
+        fprintf(stderr, "graphd-executor: mapping the state page: %s\n", strerror(errno));
+        exit(EXIT_USAGE);
+    }
+    X.state = p;
 }
 
 static void runtime_setup(const exec_args_t *a)
@@ -1500,6 +2125,12 @@ static bool send_ready(const ready_info_t *ri)
 /* Frees every object, dependents first (graphs before their pools and device blocks). */
 static void free_all(void)
 {
+    for (size_t i = 0; i < X.nconns; i++)
+        conn_drop(i);
+    conns_compact();
+    free(X.sess);
+    X.sess = NULL;
+    X.nsess = X.cap_sess = 0;
     while (X.graphs.n)
         graph_free(&X.graphs.v[X.graphs.n - 1]);
     while (X.captures.n)
@@ -1536,6 +2167,7 @@ int main(int argc, char **argv)
     parse_args(argc, argv, &X.args);
     check_socket(GX_CHANNEL_FD, "channel");
     check_socket(GX_URGENT_FD, "urgent socket");
+    map_state();
     signal(SIGPIPE, SIG_IGN);
     runtime_setup(&X.args);
 
@@ -1553,23 +2185,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "graphd-executor: sending READY: %s\n", strerror(errno));
         status = EXIT_BROKEN;
     }
-    while (status == 0) {
-        msg_t m;
-        int r = read_msg(GX_CHANNEL_FD, &m, "channel");
-        if (r == 0)
-            break;
-        if (r < 0) {
-            status = EXIT_BROKEN;
-            break;
-        }
-        bool sent = serve_one(&m);
-        msg_free(&m);
-        if (!sent) {
-            fprintf(stderr, "graphd-executor: channel: the reply could not be sent: %s\n",
-                    strerror(errno));
-            status = EXIT_BROKEN;
-        }
-    }
+    if (status == 0)
+        status = serve();
     /* Stop the urgent thread: a read shutdown wakes its recvmsg with EOF. */
     shutdown(GX_URGENT_FD, SHUT_RD);
     pthread_join(urgent, NULL);
