@@ -34,6 +34,7 @@ typedef struct {
     uint64_t region_ids[MAX_CALLABLES];
     gd_xbase_t bases[MAX_CALLABLES];
     gd_xgraph_t *graphs[MAX_CALLABLES];
+    uint64_t graph_ids[MAX_CALLABLES]; /* taken on the loop before the finish step */
     /* device-resident (opts.resident): blocks allocated by the worker after prepare, owned here
      * until the loop registers them as regions (then NULL here) */
     gd_xblock_t *dev_ptrs[MAX_CALLABLES];
@@ -152,6 +153,15 @@ static void capture_finish_run(gd_job_t *job)
     op->finish_start = gd_now_ns();
     op->rc = gd_exec_capture_finish(op->cap, op->bases, op->graphs);
     op->cap = NULL; /* consumed either way */
+    /* Before the reply: the client may replay each graph on its direct connection at once. */
+    for (size_t i = 0; i < op->n && op->rc == GR_OK; i++) {
+        op->rc = gd_exec_graph_bind(op->graphs[i], op->session, op->graph_ids[i]);
+        if (op->rc != GR_OK)
+            for (size_t k = 0; k < op->n; k++) {
+                gd_exec_graph_destroy(op->graphs[k], NULL);
+                op->graphs[k] = NULL;
+            }
+    }
     if (op->rc != GR_OK)
         snprintf(op->msg, sizeof op->msg, "%s", gd_exec_last_error());
     if (op->rc == GR_OK)
@@ -184,7 +194,7 @@ static void capture_finish_done(gd_job_t *job)
             abort(); /* a few hundred bytes; nothing sane to unwind to */
         gr_graph_info_t info;
         gd_exec_graph_info(op->graphs[i], &info);
-        g->id = ++d->next_graph_id;
+        g->id = op->graph_ids[i];
         g->session = op->session;
         g->pool = op->pool;
         g->rpool = op->rpool;
@@ -349,6 +359,8 @@ static void capture_prepare_done(gd_job_t *job)
         op->bases[i] = (gd_xbase_t){.fd = pm_region_fd(r), .len = pm_region_mapped_size(r)};
     }
     op->regions_end = gd_now_ns();
+    for (size_t i = 0; i < op->n; i++)
+        op->graph_ids[i] = ++d->next_graph_id;
     op->job.run = capture_finish_run;
     op->job.done = capture_finish_done;
     gd_worker_submit(op->pool->worker, &op->job);

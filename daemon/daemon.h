@@ -38,6 +38,7 @@ typedef struct gd_graph gd_graph_t;
 typedef struct gd_module gd_module_t;
 typedef struct gd_gpool gd_gpool_t;
 typedef struct gd_order gd_order_t;
+typedef struct gd_link gd_link_t;
 
 typedef struct gd_session {
     uint64_t id;
@@ -55,6 +56,7 @@ typedef struct gd_session {
     uint32_t capturing; /* graphs of captures in flight, counted against max_graphs_per_session */
     uint64_t replays;
     gd_order_t *orders; /* per CUDA device, events and sequence counters (events.c) */
+    gd_link_t *links;   /* replay connections, one per executor it replays in (direct.c) */
     struct gd_session *next;
 } gd_session_t;
 
@@ -78,7 +80,7 @@ typedef struct gd_daemon {
     gd_graph_t *graphs;   /* every live graph */
     gd_module_t *modules; /* every session's module handles */
     gd_gpool_t *gpools;   /* runtime state of pools that have held graphs */
-    uint64_t next_graph_id, next_module_id;
+    uint64_t next_graph_id, next_module_id, next_link_key;
 
     gd_session_t *sessions;
     uint32_t nsessions;
@@ -187,6 +189,14 @@ uint64_t gd_order_last(const gd_order_t *o);
 /* Releases the session's counters at once (every wait on them ends) and destroys its objects on
  * their workers after the replays queued there. Call before the session's graphs go. */
 void gd_order_session_ended(gd_session_t *s);
+
+/* direct.c: replay connections straight to the executors. A DIRECT frame: the session's
+ * connection to the executor of graph f->id (made on its worker); the reply goes out on wire. */
+void gd_direct_frame(gd_daemon_t *d, gd_session_t *s, gd_wire_t *wire, const graphd_frame_t *f);
+/* Ends the session's connections (their executors drop what they still hold of them). */
+void gd_direct_session_ended(gd_session_t *s);
+/* For the watchdog's tick: shuts down the connections whose executor was killed or died. */
+void gd_direct_watch(gd_daemon_t *d);
 
 /* devices.c: devices[0..cpu_devices-1] are cpu:0..cpu:N-1, then come the accelerators. */
 void gd_devices_discover(gd_daemon_t *d);

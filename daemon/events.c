@@ -117,15 +117,22 @@ static void open_run(gd_job_t *job)
     gd_order_t *o = j->o;
     if (o->kind == GD_ORDER_SEQ) {
         j->rc = gd_exec_seq_create(o->x, o->device, &o->seq, j->handle);
+        if (j->rc == GR_OK) /* for the session's replays on its direct connection */
+            j->rc = gd_exec_seq_bind(o->seq, o->session);
     } else {
         j->rc = gd_exec_event_open(o->x, o->device, j->client_handle, &o->wait);
         if (j->rc == GR_OK)
             j->rc = gd_exec_event_create(o->x, o->device, &o->done, j->handle);
+        if (j->rc == GR_OK)
+            j->rc = gd_exec_events_bind(o->wait, o->done, o->session);
     }
     if (j->rc != GR_OK) {
         snprintf(j->msg, sizeof j->msg, "%s", gd_exec_last_error());
         gd_exec_event_destroy(o->wait);
-        o->wait = NULL;
+        gd_exec_event_destroy(o->done);
+        gd_exec_seq_destroy(o->seq);
+        o->wait = o->done = NULL;
+        o->seq = NULL;
     }
 }
 

@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -39,6 +40,18 @@ struct gd_exec {
     uint64_t seq;
     atomic_int kill_reason;
     atomic_uint_fast64_t rss;
+    /* The state page (exec_proto.h), one memfd for every process of x: sealed, so an executor
+     * cannot shrink it under the daemon's mapping. Slots are handed out under host->mu. */
+    int state_fd;
+    gx_state_t *state;
+    uint64_t slots[GX_STATE_SLOTS / 64]; /* bit set: slot in use */
+    /* Under host->mu: whether the process of gen runs (started and not reaped), what the
+     * watchdog killed it for, and how the last lost process went (lose()). */
+    bool live;
+    char kill_desc[256];
+    uint64_t lost_gen;
+    int lost_rc;
+    char lost_msg[1024];
     gx_wbuf_t rbuf; /* the last reply's payload */
     char sandbox[160];
     uint32_t starts, killed_time, killed_memory, died;
@@ -83,6 +96,7 @@ struct gd_xcapture {
 };
 struct gd_xgraph {
     ref_t r;
+    uint32_t slot; /* in the state page (GX_NO_SLOT: none) */
     gr_graph_info_t info;
     size_t count, next;
     gr_tensor_desc_t *descs;
@@ -164,13 +178,35 @@ void gd_exec_host_bounds(gd_exec_host_t *h, uint64_t load_ms, uint64_t capture_m
     pthread_mutex_unlock(&h->mu);
 }
 
+/* x's state page: a sealed memfd of sizeof(gx_state_t), mapped here. 0 or -1. */
+static int state_make(gd_exec_t *x)
+{
+    int fd = memfd_create("graphd-executor-state", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (fd < 0)
+        return -1;
+    void *p = MAP_FAILED;
+    if (ftruncate(fd, sizeof(gx_state_t)) == 0 &&
+        fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) == 0)
+        p = mmap(NULL, sizeof(gx_state_t), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) {
+        close(fd);
+        return -1;
+    }
+    x->state_fd = fd;
+    x->state = p;
+    return 0;
+}
+
 gd_exec_t *gd_exec_get(gd_exec_host_t *h, uid_t uid, const char *device)
 {
     pthread_mutex_lock(&h->mu);
     gd_exec_t *x = h->list;
     while (x && !(x->uid == uid && strcmp(x->device, device) == 0))
         x = x->next;
-    if (x == NULL && (x = calloc(1, sizeof *x)) != NULL) {
+    if (x == NULL && (x = calloc(1, sizeof *x)) != NULL && state_make(x) != 0) {
+        free(x);
+        x = NULL;
+    } else if (x != NULL && x->host == NULL) {
         x->host = h;
         x->uid = uid;
         snprintf(x->device, sizeof x->device, "%s", device);
@@ -206,6 +242,7 @@ static void reap(gd_exec_t *x, int *status)
         close(x->pidfd);
     x->pidfd = -1;
     x->pid = 0;
+    x->live = false;
     pthread_mutex_unlock(&x->host->mu);
     pthread_mutex_lock(&x->urgent_mu);
     if (x->urgent >= 0)
@@ -248,6 +285,8 @@ void gd_exec_host_destroy(gd_exec_host_t *h, uint64_t grace_ms)
         gd_exec_t *x = h->list;
         h->list = x->next;
         gx_wbuf_free(&x->rbuf);
+        munmap(x->state, sizeof(gx_state_t));
+        close(x->state_fd);
         free(x->pending);
         pthread_mutex_destroy(&x->mu);
         pthread_mutex_destroy(&x->pending_mu);
@@ -269,14 +308,37 @@ void gd_exec_host_kill_all(gd_exec_host_t *h)
     pthread_mutex_unlock(&h->mu);
 }
 
+/* A replay that came straight from a client (the state page's busy_since_ns) and has run past
+ * max_replay_ms: x is killed as a call past its bound would be. With h->mu held. The time comes
+ * from the executor, which a module that took it over could forge; it would only keep its own
+ * uid's replays waiting (other uids' replays run in their own executors). */
+static void watch_busy(gd_exec_t *x, uint64_t now)
+{
+    uint64_t bound = x->host->o.replay_ms;
+    uint64_t since = atomic_load(&x->state->busy_since_ns);
+    if (bound == 0 || since == 0 || now <= since || now - since <= bound * 1000000ull ||
+        atomic_load(&x->kill_reason) != KILL_NONE)
+        return;
+    uint64_t graph = atomic_load(&x->state->busy_graph);
+    snprintf(x->kill_desc, sizeof x->kill_desc,
+             "a replay of graph %llu took longer than max_replay_ms (%llu ms)",
+             (unsigned long long)graph, (unsigned long long)bound);
+    atomic_store(&x->kill_reason, KILL_TIME);
+    gd_warn("executor of uid %u on %s (pid %d): %s; killed", (unsigned)x->uid, x->device, x->pid,
+            x->kill_desc);
+    signal_exec(x, SIGKILL);
+}
+
 void gd_exec_host_watch(gd_exec_host_t *h)
 {
     pthread_mutex_lock(&h->mu);
     uint64_t bound = h->o.memory_bytes;
     long page = sysconf(_SC_PAGESIZE);
+    uint64_t now = gd_now_ns();
     for (gd_exec_t *x = h->list; x; x = x->next) {
         if (x->pid <= 0)
             continue;
+        watch_busy(x, now);
         char path[64], buf[128];
         snprintf(path, sizeof path, "/proc/%d/statm", x->pid);
         int fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -433,8 +495,42 @@ static void describe_status(int st, char *buf, size_t len)
         snprintf(buf, len, "stopped");
 }
 
+/* The error, logged, for x's process gone (how: what the caller saw; what: its wait status). */
+static int lost_error(gd_exec_t *x, int reason, uint32_t op, const char *how, uint64_t bound_ms,
+                      const char *bound_name, const char *what, uint64_t mem, int pid)
+{
+    if (reason == KILL_TIME && x->kill_desc[0]) /* the watchdog's, for a direct replay */
+        return fail(GR_ETIMEDOUT,
+                    "%s: the executor of uid %u on %s was killed, and that uid's graphs on %s are "
+                    "gone; capture them again",
+                    x->kill_desc, (unsigned)x->uid, x->device, x->device);
+    if (reason == KILL_TIME) {
+        gd_warn("executor of uid %u on %s (pid %d): %s took longer than %s (%llu ms); killed",
+                (unsigned)x->uid, x->device, pid, op_name(op), bound_name,
+                (unsigned long long)bound_ms);
+        return fail(GR_ETIMEDOUT,
+                    "%s took longer than %s (%llu ms): the executor of uid %u on %s was killed, "
+                    "and that uid's graphs on %s are gone; capture them again",
+                    op_name(op), bound_name, (unsigned long long)bound_ms, (unsigned)x->uid,
+                    x->device, x->device);
+    }
+    if (reason == KILL_MEMORY)
+        return fail(GR_ENOMEM,
+                    "the executor of uid %u on %s used more than max_executor_memory_bytes "
+                    "(%llu) and was killed; that uid's graphs on %s are gone",
+                    (unsigned)x->uid, x->device, (unsigned long long)mem, x->device);
+    if (reason == KILL_STOP)
+        return fail(GR_ELOST, "the daemon is stopping");
+    gd_warn("executor of uid %u on %s (pid %d) %s during %s (%s)", (unsigned)x->uid, x->device, pid,
+            what, op_name(op), how);
+    return fail(GR_ELOST,
+                "the executor of uid %u on %s %s (seen during %s); that uid's graphs on %s are "
+                "gone",
+                (unsigned)x->uid, x->device, what, op_name(op), x->device);
+}
+
 /* The process is gone or must go: kills it, reaps it, counts why, and fails the call with the
- * error that says so. With mu held. */
+ * error that says so (kept as x's last loss). With mu held. */
 static int lose(gd_exec_t *x, uint32_t op, const char *how, uint64_t bound_ms,
                 const char *bound_name)
 {
@@ -455,28 +551,14 @@ static int lose(gd_exec_t *x, uint32_t op, const char *how, uint64_t bound_ms,
         x->died++;
     pthread_mutex_unlock(&x->host->mu);
     atomic_store(&x->kill_reason, KILL_NONE);
-    if (reason == KILL_TIME) {
-        gd_warn("executor of uid %u on %s (pid %d): %s took longer than %s (%llu ms); killed",
-                (unsigned)x->uid, x->device, pid, op_name(op), bound_name,
-                (unsigned long long)bound_ms);
-        return fail(GR_ETIMEDOUT,
-                    "%s took longer than %s (%llu ms): the executor of uid %u on %s was killed, "
-                    "and that uid's graphs on %s are gone; capture them again",
-                    op_name(op), bound_name, (unsigned long long)bound_ms, (unsigned)x->uid,
-                    x->device, x->device);
-    }
-    if (reason == KILL_MEMORY)
-        return fail(GR_ENOMEM,
-                    "the executor of uid %u on %s used more than max_executor_memory_bytes "
-                    "(%llu) during %s and was killed; that uid's graphs on %s are gone",
-                    (unsigned)x->uid, x->device, (unsigned long long)mem, op_name(op), x->device);
-    if (reason == KILL_STOP)
-        return fail(GR_ELOST, "the daemon is stopping");
-    gd_warn("executor of uid %u on %s (pid %d) %s during %s (%s)", (unsigned)x->uid, x->device, pid,
-            what, op_name(op), how);
-    return fail(GR_ELOST,
-                "the executor of uid %u on %s %s during %s; that uid's graphs on %s are gone",
-                (unsigned)x->uid, x->device, what, op_name(op), x->device);
+    int rc = lost_error(x, reason, op, how, bound_ms, bound_name, what, mem, pid);
+    pthread_mutex_lock(&x->host->mu);
+    x->lost_gen = x->gen;
+    x->lost_rc = rc;
+    snprintf(x->lost_msg, sizeof x->lost_msg, "%s", last_error);
+    x->kill_desc[0] = 0;
+    pthread_mutex_unlock(&x->host->mu);
+    return rc;
 }
 
 /* Reads one message into x->rbuf; 0, -1 broken, 1 at the deadline. */
@@ -524,12 +606,14 @@ static int start(gd_exec_t *x)
     pthread_mutex_lock(&h->mu);
     gd_exec_opts_t o = h->o;
     pthread_mutex_unlock(&h->mu);
-    char threads[24], cpus[24], unpacked[24], callmem[24];
+    char threads[24], cpus[24], unpacked[24], callmem[24], replymax[24], spinus[24];
     snprintf(threads, sizeof threads, "%d", o.intra_op_threads);
     snprintf(cpus, sizeof cpus, "%d", o.cpu_devices);
     snprintf(unpacked, sizeof unpacked, "%llu", (unsigned long long)o.max_unpacked);
     snprintf(callmem, sizeof callmem, "%llu", (unsigned long long)o.call_memory);
-    char *argv[16];
+    snprintf(replymax, sizeof replymax, "%llu", (unsigned long long)o.reply_max);
+    snprintf(spinus, sizeof spinus, "%llu", (unsigned long long)(o.spin ? o.replay_spin_us : 0));
+    char *argv[24];
     int a = 0;
     argv[a++] = (char *)h->path;
     argv[a++] = "--device";
@@ -542,6 +626,10 @@ static int start(gd_exec_t *x)
     argv[a++] = unpacked;
     argv[a++] = "--call-memory";
     argv[a++] = callmem;
+    argv[a++] = "--reply-max";
+    argv[a++] = replymax;
+    argv[a++] = "--spin-us";
+    argv[a++] = spinus;
     if (!o.sandbox)
         argv[a++] = "--no-sandbox";
     argv[a] = NULL;
@@ -550,6 +638,8 @@ static int start(gd_exec_t *x)
     posix_spawn_file_actions_addopen(&fa, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
     posix_spawn_file_actions_adddup2(&fa, ch[1], GX_CHANNEL_FD);
     posix_spawn_file_actions_adddup2(&fa, ur[1], GX_URGENT_FD);
+    posix_spawn_file_actions_adddup2(&fa, x->state_fd, GX_STATE_FD);
+    atomic_store(&x->state->busy_since_ns, 0);
     /* Its own process group: a signal to the daemon's group (Ctrl-C) reaches the daemon, which
      * then ends its executors in order. */
     posix_spawnattr_t sa;
@@ -576,6 +666,8 @@ static int start(gd_exec_t *x)
     x->sock = ch[0];
     x->gen++;
     x->starts++;
+    x->live = true;
+    x->kill_desc[0] = 0;
     pthread_mutex_unlock(&h->mu);
     pthread_mutex_lock(&x->urgent_mu);
     x->urgent = ur[0];
@@ -699,9 +791,27 @@ static int call_raw(gd_exec_t *x, uint32_t op, const gx_wbuf_t *req, const int *
     return GR_OK;
 }
 
+/* x's process has died or been killed since the last call (its direct replays do not pass
+ * through here): reaps it now, so that the call starts a fresh one, or finds its object gone.
+ * With mu held. */
+static void reap_if_gone(gd_exec_t *x)
+{
+    if (x->sock < 0)
+        return;
+    struct pollfd p = {.fd = x->pidfd, .events = POLLIN};
+    if (atomic_load(&x->kill_reason) == KILL_NONE &&
+        (x->pidfd < 0 || poll(&p, 1, 0) <= 0 || !(p.revents & POLLIN)))
+        return;
+    char saved[sizeof last_error];
+    memcpy(saved, last_error, sizeof saved);
+    (void)lose(x, GX_OP_READY, "found gone at the next call", 0, "");
+    memcpy(last_error, saved, sizeof saved);
+}
+
 static int call(gd_exec_t *x, uint32_t op, const gx_wbuf_t *req, const int *fds, size_t nfds,
                 bound_t bound, gx_rbuf_t *rep)
 {
+    reap_if_gone(x);
     if (x->sock >= 0) {
         pthread_mutex_lock(&x->pending_mu);
         size_t n = x->npending;
@@ -728,6 +838,7 @@ static int malformed(gd_exec_t *x, uint32_t op)
 static int lock_ref(const ref_t *r, const char *what)
 {
     pthread_mutex_lock(&r->x->mu);
+    reap_if_gone(r->x);
     if (r->gen != r->x->gen || r->x->sock < 0) {
         pthread_mutex_unlock(&r->x->mu);
         return fail(GR_ELOST,
@@ -1036,6 +1147,7 @@ static gd_xgraph_t *read_graph(gd_exec_t *x, gx_rbuf_t *r)
     gd_xgraph_t *g = calloc(1, sizeof *g);
     if (g == NULL)
         return NULL;
+    g->slot = GX_NO_SLOT;
     g->r = (ref_t){.x = x, .gen = x->gen, .id = gx_get_u64(r)};
     gx_get(r, &g->info, sizeof g->info);
     g->info.device[GR_DEVICE_MAX - 1] = 0;
@@ -1215,13 +1327,161 @@ int gd_exec_graph_replay(gd_xgraph_t *g, int phase, gd_xevent_t *wait, gd_xevent
     return rc;
 }
 
-int gd_exec_graph_destroy(gd_xgraph_t *g)
+int gd_exec_graph_destroy(gd_xgraph_t *g, gd_xstats_t *last)
 {
     if (g == NULL)
         return GR_OK;
     int rc = ref_destroy(&g->r, "graph", GX_OP_GRAPH_DESTROY);
+    if (last)
+        gd_exec_graph_stats(g, last);
+    if (g->slot != GX_NO_SLOT) {
+        pthread_mutex_lock(&g->r.x->host->mu);
+        g->r.x->slots[g->slot / 64] &= ~(UINT64_C(1) << (g->slot % 64));
+        pthread_mutex_unlock(&g->r.x->host->mu);
+    }
     graph_free(g);
     return rc;
+}
+
+/* ---- the direct data plane ------------------------------------------------------------------ */
+
+int gd_exec_conn_open(gd_xgraph_t *g, uint64_t session, int fd)
+{
+    gx_wbuf_t b = {0};
+    gx_put_u64(&b, session);
+    int rc = lock_ref(&g->r, "graph");
+    if (rc != GR_OK) {
+        gx_wbuf_free(&b);
+        return rc;
+    }
+    gx_rbuf_t r;
+    rc = call(g->r.x, GX_OP_CONN_OPEN, &b, &fd, 1, BOUND_CAPTURE, &r);
+    pthread_mutex_unlock(&g->r.x->mu);
+    gx_wbuf_free(&b);
+    return rc;
+}
+
+/* A free slot of x's state page, zeroed and taken; GX_NO_SLOT when all are in use. */
+static uint32_t slot_take(gd_exec_t *x)
+{
+    uint32_t slot = GX_NO_SLOT;
+    pthread_mutex_lock(&x->host->mu);
+    for (uint32_t w = 0; w < GX_STATE_SLOTS / 64 && slot == GX_NO_SLOT; w++)
+        if (~x->slots[w]) {
+            unsigned bit = (unsigned)__builtin_ctzll(~x->slots[w]);
+            x->slots[w] |= UINT64_C(1) << bit;
+            slot = w * 64 + bit;
+        }
+    pthread_mutex_unlock(&x->host->mu);
+    if (slot != GX_NO_SLOT)
+        memset(&x->state->slot[slot], 0, sizeof x->state->slot[slot]);
+    return slot;
+}
+
+int gd_exec_graph_bind(gd_xgraph_t *g, uint64_t session, uint64_t handle)
+{
+    gd_exec_t *x = g->r.x;
+    if (g->slot == GX_NO_SLOT && (g->slot = slot_take(x)) == GX_NO_SLOT)
+        gd_warn("the executor of uid %u on %s has %d graphs with figures: graph %llu's direct "
+                "replays go uncounted in status",
+                (unsigned)x->uid, x->device, GX_STATE_SLOTS, (unsigned long long)handle);
+    gx_wbuf_t b = {0};
+    gx_put_u64(&b, g->r.id);
+    gx_put_u64(&b, session);
+    gx_put_u64(&b, handle);
+    gx_put_u32(&b, g->slot);
+    return ref_call(&g->r, "graph", GX_OP_GRAPH_BIND, &b, BOUND_CAPTURE, NULL);
+}
+
+static int session_bind(const ref_t *r, const char *what, uint64_t session, uint32_t kind)
+{
+    gx_wbuf_t b = {0};
+    gx_put_u64(&b, session);
+    gx_put_u32(&b, kind);
+    gx_put_u64(&b, r->id);
+    return ref_call(r, what, GX_OP_SESSION_BIND, &b, BOUND_CAPTURE, NULL);
+}
+
+int gd_exec_seq_bind(gd_xseq_t *s, uint64_t session)
+{
+    return session_bind(&s->r, "sequence counter", session, GX_BIND_SEQ);
+}
+
+int gd_exec_events_bind(gd_xevent_t *wait, gd_xevent_t *done, uint64_t session)
+{
+    int rc = session_bind(&wait->r, "event", session, GX_BIND_WAIT);
+    return rc == GR_OK ? session_bind(&done->r, "event", session, GX_BIND_DONE) : rc;
+}
+
+gd_exec_t *gd_exec_graph_exec(const gd_xgraph_t *g, uint64_t *gen)
+{
+    *gen = g->r.gen;
+    return g->r.x;
+}
+
+void gd_exec_graph_stats(const gd_xgraph_t *g, gd_xstats_t *out)
+{
+    memset(out, 0, sizeof *out);
+    if (g->slot == GX_NO_SLOT)
+        return;
+    const gx_slot_t *s = &g->r.x->state->slot[g->slot];
+    out->forward = atomic_load_explicit(&s->forward, memory_order_relaxed);
+    out->backward = atomic_load_explicit(&s->backward, memory_order_relaxed);
+    out->errors = atomic_load_explicit(&s->errors, memory_order_relaxed);
+    gx_hist_merge(&out->latency, &s->latency);
+}
+
+bool gd_exec_lost(gd_exec_t *x, uint64_t gen, int *rc, char *msg, size_t len)
+{
+    bool lost = true;
+    pthread_mutex_lock(&x->host->mu);
+    int reason = atomic_load(&x->kill_reason);
+    struct pollfd p = {.fd = x->pidfd, .events = POLLIN};
+    if (x->gen != gen || !x->live) {
+        if (x->lost_gen == gen) {
+            *rc = x->lost_rc;
+            snprintf(msg, len, "%s", x->lost_msg);
+        } else {
+            *rc = GR_ELOST;
+            snprintf(msg, len,
+                     "the executor of uid %u on %s was restarted since (it was killed or died); "
+                     "capture again",
+                     (unsigned)x->uid, x->device);
+        }
+    } else if (reason == KILL_TIME && x->kill_desc[0]) {
+        *rc = GR_ETIMEDOUT;
+        snprintf(msg, len,
+                 "%s: the executor of uid %u on %s was killed, and that uid's graphs on %s are "
+                 "gone; capture them again",
+                 x->kill_desc, (unsigned)x->uid, x->device, x->device);
+    } else if (reason == KILL_MEMORY) {
+        *rc = GR_ENOMEM;
+        snprintf(msg, len,
+                 "the executor of uid %u on %s used more than max_executor_memory_bytes (%llu) "
+                 "and was killed; that uid's graphs on %s are gone",
+                 (unsigned)x->uid, x->device, (unsigned long long)x->host->o.memory_bytes,
+                 x->device);
+    } else if (reason != KILL_NONE || (x->pidfd >= 0 && poll(&p, 1, 0) > 0)) {
+        *rc = GR_ELOST;
+        snprintf(msg, len, "the executor of uid %u on %s %s; that uid's graphs on %s are gone",
+                 (unsigned)x->uid, x->device, reason == KILL_STOP ? "was stopped" : "died",
+                 x->device);
+    } else {
+        lost = false;
+    }
+    pthread_mutex_unlock(&x->host->mu);
+    return lost;
+}
+
+void gd_exec_host_direct(gd_exec_host_t *h, uint64_t *replays_dropped, uint64_t *dropped_conns)
+{
+    *replays_dropped = *dropped_conns = 0;
+    pthread_mutex_lock(&h->mu);
+    for (gd_exec_t *x = h->list; x; x = x->next) {
+        *replays_dropped += atomic_load(&x->state->replays_dropped);
+        *dropped_conns += atomic_load(&x->state->dropped_conns);
+    }
+    pthread_mutex_unlock(&h->mu);
 }
 
 /* ---- device memory and ordering objects ---------------------------------------------------- */

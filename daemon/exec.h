@@ -16,6 +16,7 @@
 #ifndef GD_EXEC_H
 #define GD_EXEC_H
 
+#include "hist.h"
 #include "runtime.h"
 
 #include <stdbool.h>
@@ -33,10 +34,12 @@ typedef struct gd_exec_opts {
     uint64_t memory_bytes; /* executor resident memory; over it the watchdog kills (0: none) */
     int intra_op_threads;
     int cpu_devices;
-    uint64_t max_unpacked; /* gr_module_max_unpacked in each executor */
-    uint64_t call_memory;  /* gr_call_memory_max in each executor */
-    bool sandbox;          /* false: executors skip Landlock and seccomp (logged) */
-    bool spin;             /* poll for answers briefly before sleeping (4 CPUs or more) */
+    uint64_t max_unpacked;   /* gr_module_max_unpacked in each executor */
+    uint64_t call_memory;    /* gr_call_memory_max in each executor */
+    bool sandbox;            /* false: executors skip Landlock and seccomp (logged) */
+    bool spin;               /* poll for answers briefly before sleeping (4 CPUs or more) */
+    uint64_t replay_spin_us; /* with spin: an executor polls this long after a device replay */
+    uint64_t reply_max;      /* bytes of answers a direct connection may leave unread */
 } gd_exec_opts_t;
 
 /* What status shows of one executor. */
@@ -133,7 +136,31 @@ size_t gd_exec_graph_external(const gd_xgraph_t *g, const gr_external_t **items)
 /* One replay: plain, ordered (wait and done events) or posted (seq and n). */
 int gd_exec_graph_replay(gd_xgraph_t *g, int phase, gd_xevent_t *wait, gd_xevent_t *done,
                          gd_xseq_t *seq, uint64_t n, uint64_t *elapsed_ns);
-int gd_exec_graph_destroy(gd_xgraph_t *g); /* NULL: no-op */
+/* The figures of the replays that came to g's executor directly (GRAPH_BIND). Never blocks. */
+typedef struct gd_xstats {
+    uint64_t forward, backward, errors;
+    gx_hist_t latency;
+} gd_xstats_t;
+void gd_exec_graph_stats(const gd_xgraph_t *g, gd_xstats_t *out);
+/* NULL: no-op. last (optional) gets g's direct figures as of its end. */
+int gd_exec_graph_destroy(gd_xgraph_t *g, gd_xstats_t *last);
+
+/* ---- the direct data plane (exec_proto.h) ------------------------------------------------- */
+/* Hands fd, a socket whose other end session's client holds, to g's executor (CONN_OPEN); the
+ * caller still closes its fd. */
+int gd_exec_conn_open(gd_xgraph_t *g, uint64_t session, int fd);
+/* Lets session replay g over its connections as handle (the daemon's graph id). */
+int gd_exec_graph_bind(gd_xgraph_t *g, uint64_t session, uint64_t handle);
+/* The session's counters / events for its posted / ordered direct replays. */
+int gd_exec_seq_bind(gd_xseq_t *s, uint64_t session);
+int gd_exec_events_bind(gd_xevent_t *wait, gd_xevent_t *done, uint64_t session);
+/* g's executor and the generation of its process. Never blocks. */
+gd_exec_t *gd_exec_graph_exec(const gd_xgraph_t *g, uint64_t *gen);
+/* Whether the process of gen is gone (killed, dead, or restarted since): then *rc and msg say
+ * how, the bound it passed if any. Never blocks. */
+bool gd_exec_lost(gd_exec_t *x, uint64_t gen, int *rc, char *msg, size_t len);
+/* What every executor counted on its direct connections. Never blocks. */
+void gd_exec_host_direct(gd_exec_host_t *h, uint64_t *replays_dropped, uint64_t *dropped_conns);
 
 /* ---- device memory and ordering objects ---------------------------------------------------- */
 int gd_exec_device_alloc(gd_exec_t *x, const char *device, uint64_t bytes, gd_xblock_t **out,

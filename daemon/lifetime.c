@@ -106,10 +106,15 @@ void gd_graphs_reload(gd_daemon_t *d)
         exec_bounds(d);
 }
 
+/* The executors' watchdog: memory, direct replays past max_replay_ms, connections of executors
+ * gone. A replay past its bound is killed within this much of it. */
+#define EXEC_WATCH_MS 50
+
 static void on_exec_watch(uv_timer_t *t)
 {
     gd_daemon_t *d = t->data;
     gd_exec_host_watch(d->exec);
+    gd_direct_watch(d);
 }
 
 /* The executor binary: executor_path, else beside graphd, else ../libexec/graphd/ from it. */
@@ -143,13 +148,15 @@ int gd_graphs_start(gd_daemon_t *d)
         .call_memory = machine_share(d->cfg.max_call_memory_bytes, 1, 2),
         .sandbox = d->cfg.executor_sandbox != 0,
         .spin = sysconf(_SC_NPROCESSORS_ONLN) >= 4,
+        .replay_spin_us = d->cfg.replay_spin_us,
+        .reply_max = d->cfg.reply_buffer_max_bytes,
     };
     if (gd_exec_host_create(&o, &d->exec) != 0)
         return -1;
     exec_bounds(d);
     uv_timer_init(d->loop, &d->exec_watch);
     d->exec_watch.data = d;
-    uv_timer_start(&d->exec_watch, on_exec_watch, 100, 100);
+    uv_timer_start(&d->exec_watch, on_exec_watch, EXEC_WATCH_MS, EXEC_WATCH_MS);
     gd_info("module code runs in executors (%s), one per uid and device%s", path,
             o.sandbox ? "" : ", NOT sandboxed (executor_sandbox = 0)");
     for (size_t i = 0; i < d->ndevices; i++) {
@@ -380,13 +387,18 @@ typedef struct {
     gd_job_t job;
     gd_daemon_t *d;
     gd_graph_t *graph;
+    uint64_t direct_replays; /* that came to its executor directly, for its session's count */
 } graph_job_t;
 
 static void graph_destroy_run(gd_job_t *job)
 {
     graph_job_t *j = (graph_job_t *)job;
-    if (j->graph->g && gd_exec_graph_destroy(j->graph->g) != GR_OK)
+    gd_xstats_t last = {0};
+    if (j->graph->g && gd_exec_graph_destroy(j->graph->g, &last) != GR_OK)
         gd_warn("graph %llu: %s", (unsigned long long)j->graph->id, gd_exec_last_error());
+    /* The pool's and the session's figures keep its direct replays. */
+    gd_hist_merge(&j->graph->pool->latency, &last.latency);
+    j->direct_replays = last.forward + last.backward + last.errors;
     j->graph->g = NULL;
     rpool_graph_gone(j->graph->pool, j->graph->rpool);
     gd_gpool_measure(j->graph->pool);
@@ -396,6 +408,9 @@ static void graph_destroy_done(gd_job_t *job)
 {
     graph_job_t *j = (graph_job_t *)job;
     gd_graph_t *g = j->graph;
+    gd_session_t *s = gd_session_find(j->d, g->session);
+    if (s)
+        s->replays += j->direct_replays;
     g->pool->graphs--;
     gpool_maybe_free(j->d, g->pool);
     free(g);

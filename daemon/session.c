@@ -205,6 +205,9 @@ static bool on_frame(gd_conn_t *c, const graphd_frame_t *fp, const uint8_t *payl
     case GRAPHD_FRAME_SEQ:
         gd_order_frame(c->d, c->session, c->wire, &f, payload);
         break;
+    case GRAPHD_FRAME_DIRECT:
+        gd_direct_frame(c->d, c->session, c->wire, &f);
+        break;
     default:
         snprintf(msg, sizeof msg, "unknown frame type 0x%04x", f.type);
         protocol_error(c, f.seq, msg);
@@ -481,7 +484,8 @@ void gd_session_end(gd_daemon_t *d, gd_session_t *s, const char *why)
         return;
     *pp = s->next;
     d->nsessions--;
-    gd_order_session_ended(s); /* first: a graph's stream may wait on this client's counter */
+    gd_order_session_ended(s);  /* first: a graph's stream may wait on this client's counter */
+    gd_direct_session_ended(s); /* its executors drop the replays it still has queued there */
     /* Its queued replays go unrun (an RPC replay's call fails); its destroys stay queued. */
     uint64_t dropped = 0;
     for (size_t i = 0; i < d->nworkers; i++)

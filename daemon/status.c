@@ -10,20 +10,36 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+/* gp's replay latencies: those the daemon ran and those of graphs gone (gp->latency), and the
+ * direct replays of its live graphs (their executors' state pages). */
+static void pool_latency(const gd_daemon_t *d, const gd_gpool_t *gp, gd_hist_t *out)
+{
+    memset(out, 0, sizeof *out);
+    gd_hist_merge(out, &gp->latency);
+    for (const gd_graph_t *g = d->graphs; g; g = g->next)
+        if (g->pool == gp && g->g) {
+            gd_xstats_t x;
+            gd_exec_graph_stats(g->g, &x);
+            gd_hist_merge(out, &x.latency);
+        }
+}
+
 /* The graph side of pool's message from gp (NULL: a pool with no graph state yet). */
-static void pool_fill(const gd_gpool_t *gp, Graphd__V1__Pool *pool)
+static void pool_fill(const gd_daemon_t *d, const gd_gpool_t *gp, Graphd__V1__Pool *pool)
 {
     if (gp == NULL)
         return;
+    gd_hist_t h;
+    pool_latency(d, gp, &h);
     pool->graphs = gp->graphs;
-    pool->replays = gd_hist_count(&gp->latency);
+    pool->replays = gd_hist_count(&h);
     pool->graph_mempool_reserved_bytes = atomic_load(&gp->mempool_reserved);
     pool->graph_mempool_in_use_bytes = atomic_load(&gp->mempool_in_use);
 }
 
 void gd_graphs_pool_fill(gd_daemon_t *d, Graphd__V1__Pool *pool)
 {
-    pool_fill(gd_gpool_find(d, pool->name), pool);
+    pool_fill(d, gd_gpool_find(d, pool->name), pool);
 }
 
 static void fill_latency(Graphd__V1__LatencyStatus *l, const gd_hist_t *h)
@@ -64,6 +80,19 @@ static uint32_t distinct_modules(const gd_daemon_t *d)
     return n;
 }
 
+/* The direct replays of the session's live graphs. */
+static uint64_t session_direct(const gd_daemon_t *d, uint64_t session)
+{
+    uint64_t n = 0;
+    for (const gd_graph_t *g = d->graphs; g; g = g->next)
+        if (g->session == session && g->g) {
+            gd_xstats_t x;
+            gd_exec_graph_stats(g->g, &x);
+            n += x.forward + x.backward + x.errors;
+        }
+    return n;
+}
+
 void gd_graphs_status(gd_daemon_t *d, const gd_session_t *viewer, Graphd__V1__StatusReply *rep)
 {
     size_t ng = 0;
@@ -98,11 +127,15 @@ void gd_graphs_status(gd_daemon_t *d, const gd_session_t *viewer, Graphd__V1__St
         x->device = g->worker->device;
         x->module = g->module;
         x->training = g->training;
-        x->replays_forward = atomic_load(&g->replays_forward);
-        x->replays_backward = atomic_load(&g->replays_backward);
-        x->replay_errors = atomic_load(&g->replay_errors);
+        gd_xstats_t direct = {0};
+        if (g->g)
+            gd_exec_graph_stats(g->g, &direct);
+        x->replays_forward = atomic_load(&g->replays_forward) + direct.forward;
+        x->replays_backward = atomic_load(&g->replays_backward) + direct.backward;
+        x->replay_errors = atomic_load(&g->replay_errors) + direct.errors;
         x->region_bytes = g->region_bytes;
-        fill_latency(&st->lat[i], &g->latency);
+        gd_hist_merge(&direct.latency, &g->latency);
+        fill_latency(&st->lat[i], &direct.latency);
         x->latency = &st->lat[i];
         st->gl[i] = x;
         i++;
@@ -114,10 +147,12 @@ void gd_graphs_status(gd_daemon_t *d, const gd_session_t *viewer, Graphd__V1__St
         Graphd__V1__Pool *pool = rep->pools[p];
         gd_gpool_t *gp = gd_gpool_find(d, pool->name);
         Graphd__V1__LatencyStatus *l = &st->lat[ng + p];
-        pool_fill(gp, pool);
-        if (gp)
-            fill_latency(l, &gp->latency);
-        else
+        pool_fill(d, gp, pool);
+        gd_hist_t h;
+        if (gp) {
+            pool_latency(d, gp, &h);
+            fill_latency(l, &h);
+        } else
             graphd__v1__latency_status__init(l);
         pool->latency = l;
     }
@@ -126,7 +161,7 @@ void gd_graphs_status(gd_daemon_t *d, const gd_session_t *viewer, Graphd__V1__St
         if (s) {
             rep->sessions[k]->graphs = s->graphs;
             rep->sessions[k]->modules = s->modules;
-            rep->sessions[k]->replays = s->replays;
+            rep->sessions[k]->replays = s->replays + session_direct(d, s->id);
         }
     }
     rep->daemon->modules_loaded = distinct_modules(d);
@@ -260,8 +295,11 @@ static void status_daemon(gd_daemon_t *d, daemon_section_t *sec)
     ds->calls_total = gd_rpc_calls_total(d->rpc);
     ds->calls_failed = gd_rpc_calls_failed(d->rpc);
     ds->config_reloads = d->reloads;
-    ds->replays_dropped = d->replays_dropped;
-    ds->clients_disconnected = d->clients_disconnected;
+    uint64_t dropped = 0, conns = 0;
+    if (d->exec)
+        gd_exec_host_direct(d->exec, &dropped, &conns);
+    ds->replays_dropped = d->replays_dropped + dropped;
+    ds->clients_disconnected = d->clients_disconnected + conns;
     size_t n = gd_settings_count < 64 ? gd_settings_count : 64;
     for (size_t i = 0; i < n; i++) {
         graphd__v1__config_entry__init(&sec->entries[i]);

@@ -32,9 +32,18 @@ enum graphd_frame_type {
     /* id = CUDA device index; the reply carries the CUDA IPC memory handle of the session's
      * sequence counters on that device (GRAPHD_SEQ_*), for GRAPHD_REPLAY_POSTED. */
     GRAPHD_FRAME_SEQ = 5,
+    /* id = graph id, arg = 0 or GRAPHD_DIRECT_RENEW: the session's replay connection to the
+     * executor that holds the graph (docs/PROTOCOL.md, "Replay connections"). The reply's arg
+     * names the connection (one per executor); a new one comes with the reply as a socket
+     * (SCM_RIGHTS), one the session already has comes without. REPLAY frames for the graph then
+     * go on that socket, and their answers come back there. */
+    GRAPHD_FRAME_DIRECT = 6,
     GRAPHD_FRAME_ERROR = 0x7fff, /* unsolicited: the daemon closes the session after it */
     GRAPHD_FRAME_REPLY = 0x8000,
 };
+
+/* DIRECT arg: a new connection, dropping the one the session has to that executor. */
+#define GRAPHD_DIRECT_RENEW 1u
 
 #define GRAPHD_IPC_HANDLE_SIZE 64 /* a cudaIpcMemHandle_t or cudaIpcEventHandle_t */
 
