@@ -274,7 +274,7 @@ static int seqs_for(graphd_client_t *c, int device, struct graphd__seqs **out)
 /* A posted REPLAY: ready = n on stream, the frame, a wait for done >= n on stream; no answer is
  * read (a failure comes back later, graphd__dp_drain). */
 static int replay_posted(graphd_client_t *c, struct graphd__seqs *q, void *stream,
-                         uint64_t graph_id, int phase)
+                         graphd_graph_t *g, int phase)
 {
     uint64_t n = q->last + 1;
     if (n > GRAPHD_REPLAY_SEQ_MAX)
@@ -295,7 +295,7 @@ static int replay_posted(graphd_client_t *c, struct graphd__seqs *q, void *strea
     uint64_t arg = ((uint64_t)(int64_t)phase & GRAPHD_REPLAY_PHASE_MASK) | GRAPHD_REPLAY_POSTED |
                    ((uint64_t)q->device << GRAPHD_REPLAY_DEVICE_SHIFT) |
                    (n << GRAPHD_REPLAY_SEQ_SHIFT);
-    int rc = graphd__dp_post(c, GRAPHD_FRAME_REPLAY, graph_id, arg);
+    int rc = graphd__dp_replay_post(c, g, arg);
     if (rc != GRAPHD_OK)
         return rc;
     q->last = n;
@@ -327,7 +327,7 @@ static void seqs_release(graphd_client_t *c)
     c->nseqs = 0;
 }
 
-int graphd__cuda_replay_ordered(graphd_client_t *c, int device, void *stream, uint64_t graph_id,
+int graphd__cuda_replay_ordered(graphd_client_t *c, int device, void *stream, graphd_graph_t *g,
                                 int phase, uint64_t *launch_ns)
 {
     pthread_once(&rt.once, load_runtime);
@@ -343,7 +343,7 @@ int graphd__cuda_replay_ordered(graphd_client_t *c, int device, void *stream, ui
         struct graphd__seqs *q = NULL;
         rc = seqs_for(c, device, &q);
         if (rc == GRAPHD_OK) {
-            rc = replay_posted(c, q, stream, graph_id, phase);
+            rc = replay_posted(c, q, stream, g, phase);
             if (launch_ns != NULL)
                 *launch_ns = 0; /* not known: nothing is answered */
         }
@@ -371,10 +371,9 @@ int graphd__cuda_replay_ordered(graphd_client_t *c, int device, void *stream, ui
                           cuda_str(err));
         goto out;
     }
-    rc = graphd__dp_request(c, GRAPHD_FRAME_REPLAY, graph_id,
-                            ((uint64_t)(int64_t)phase & GRAPHD_REPLAY_PHASE_MASK) |
-                                GRAPHD_REPLAY_ORDERED,
-                            launch_ns, NULL);
+    rc = graphd__dp_replay(
+        c, g, ((uint64_t)(int64_t)phase & GRAPHD_REPLAY_PHASE_MASK) | GRAPHD_REPLAY_ORDERED,
+        launch_ns);
     if (rc != GRAPHD_OK)
         goto out;
     /* ...and the work queued after this call waits for the replay. */

@@ -1,8 +1,9 @@
 /*
- * Data-plane I/O on the session socket: fixed-size frames (graphd_frame.h)
- * with an optional message (error text, or a binary payload in an OK reply)
- * and an optional file descriptor (SCM_RIGHTS).
- * ATTACH, MAP, REPLAY and EVENTS all go through graphd__dp_exchange.
+ * Data-plane I/O: fixed-size frames (graphd_frame.h) with an optional message (error text, or a
+ * binary payload in an OK reply) and an optional file descriptor (SCM_RIGHTS), on the session
+ * socket (ATTACH, MAP, EVENTS, SEQ, DIRECT: graphd__dp_exchange) or on a replay connection (REPLAY
+ * frames, straight to the executor that holds the graph: graphd__dp_replay). A broken session
+ * socket ends the session; a broken replay connection only closes that connection.
  */
 #include <errno.h>
 #include <poll.h>
@@ -30,14 +31,6 @@ static int64_t now_ms(void)
     return now_us() / 1000;
 }
 
-void graphd__dp_close(graphd_client_t *c)
-{
-    if (c->session_fd >= 0) {
-        close(c->session_fd);
-        c->session_fd = -1;
-    }
-}
-
 int graphd__dp_set_timeouts(graphd_client_t *c, int fd)
 {
     struct timeval tv = {.tv_sec = c->timeout_ms / 1000, .tv_usec = (c->timeout_ms % 1000) * 1000};
@@ -47,10 +40,24 @@ int graphd__dp_set_timeouts(graphd_client_t *c, int fd)
     return GRAPHD_OK;
 }
 
-static int timed_out(graphd_client_t *c)
+/* Which socket an exchange is on: fd, and its name in messages. */
+typedef struct sock {
+    int fd;
+    const char *name;
+} sock_t;
+
+#define SESSION_SOCK(c) ((sock_t){(c)->session_fd, "the session socket"})
+
+static int timed_out(graphd_client_t *c, sock_t s)
 {
-    return graphd__fail(c, GRAPHD_EDEADLINE_EXCEEDED,
-                        "no answer on the session socket within %d ms", c->timeout_ms);
+    return graphd__fail(c, GRAPHD_EDEADLINE_EXCEEDED, "no answer on %s within %d ms", s.name,
+                        c->timeout_ms);
+}
+
+/* The peer closed the socket (EOF, reset, a send into a closed socket). */
+static int closed(graphd_client_t *c, sock_t s)
+{
+    return graphd__fail(c, GRAPHD_EUNAVAILABLE, "graphd closed %s", s.name);
 }
 
 /*
@@ -58,23 +65,23 @@ static int timed_out(graphd_client_t *c)
  * exchange costs one send and one receive rather than a try, a poll and a retry. Each call waits
  * at most the client's timeout; the deadline bounds a frame that comes in pieces.
  */
-static int send_all(graphd_client_t *c, const uint8_t *buf, size_t len, int64_t deadline)
+static int send_all(graphd_client_t *c, sock_t s, const uint8_t *buf, size_t len, int64_t deadline)
 {
     while (len > 0) {
-        ssize_t n = send(c->session_fd, buf, len, MSG_NOSIGNAL);
+        ssize_t n = send(s.fd, buf, len, MSG_NOSIGNAL);
         if (n >= 0) {
             buf += n, len -= (size_t)n;
             if (len > 0 && now_ms() >= deadline)
-                return timed_out(c);
+                return timed_out(c, s);
             continue;
         }
         if (errno == EINTR)
             continue;
         if (errno == EAGAIN || errno == EWOULDBLOCK)
-            return timed_out(c);
+            return timed_out(c, s);
         if (errno == EPIPE || errno == ECONNRESET)
-            return graphd__fail(c, GRAPHD_EUNAVAILABLE, "graphd closed the session socket");
-        return graphd__fail_sys(c, "send on the session socket");
+            return closed(c, s);
+        return graphd__fail_sys(c, "send on %s", s.name);
     }
     return GRAPHD_OK;
 }
@@ -99,7 +106,8 @@ static void take_fds(struct msghdr *msg, int *fd_out)
 }
 
 /* Reads exactly len bytes; descriptors that arrive with them go to take_fds. */
-static int recv_all(graphd_client_t *c, uint8_t *buf, size_t len, int64_t deadline, int *fd_out)
+static int recv_all(graphd_client_t *c, sock_t s, uint8_t *buf, size_t len, int64_t deadline,
+                    int *fd_out)
 {
     union {
         char buf[CMSG_SPACE(sizeof(int) * MAX_FDS_PER_MSG)];
@@ -111,46 +119,46 @@ static int recv_all(graphd_client_t *c, uint8_t *buf, size_t len, int64_t deadli
         struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
         msg.msg_control = control.buf;
         msg.msg_controllen = sizeof(control.buf);
-        ssize_t n = recvmsg(c->session_fd, &msg, MSG_CMSG_CLOEXEC);
+        ssize_t n = recvmsg(s.fd, &msg, MSG_CMSG_CLOEXEC);
         if (n < 0) {
             if (errno == EINTR)
                 continue;
             if (errno == EAGAIN || errno == EWOULDBLOCK)
-                return timed_out(c);
+                return timed_out(c, s);
             if (errno == ECONNRESET)
-                return graphd__fail(c, GRAPHD_EUNAVAILABLE, "graphd closed the session socket");
-            return graphd__fail_sys(c, "recvmsg on the session socket");
+                return closed(c, s);
+            return graphd__fail_sys(c, "recvmsg on %s", s.name);
         }
         take_fds(&msg, fd_out);
         if (msg.msg_flags & MSG_CTRUNC)
-            return graphd__fail(c, GRAPHD_EPROTO, "descriptors dropped on the session socket");
+            return graphd__fail(c, GRAPHD_EPROTO, "descriptors dropped on %s", s.name);
         if (n == 0)
-            return graphd__fail(c, GRAPHD_EUNAVAILABLE, "graphd closed the session socket");
+            return closed(c, s);
         buf += n, len -= (size_t)n;
         if (len > 0 && now_ms() >= deadline)
-            return timed_out(c);
+            return timed_out(c, s);
     }
     return GRAPHD_OK;
 }
 
 /* Polls the socket for up to the client's spin time before the blocking read: a replay's reply
  * often comes within tens of microseconds, sooner than a sleeping thread wakes up. */
-static void spin_until_readable(graphd_client_t *c)
+static void spin_until_readable(graphd_client_t *c, sock_t s)
 {
     if (c->spin_us <= 0)
         return;
     int64_t until = now_us() + c->spin_us;
-    struct pollfd p = {.fd = c->session_fd, .events = POLLIN};
+    struct pollfd p = {.fd = s.fd, .events = POLLIN};
     while (poll(&p, 1, 0) == 0 && now_us() < until)
         ;
 }
 
 /* Reads one frame and its message. On failure the socket is in an unknown state. */
-static int recv_frame(graphd_client_t *c, graphd_frame_t *f, char *msg, int64_t deadline,
+static int recv_frame(graphd_client_t *c, sock_t s, graphd_frame_t *f, char *msg, int64_t deadline,
                       int *fd_out)
 {
     uint8_t raw[GRAPHD_FRAME_SIZE];
-    int rc = recv_all(c, raw, sizeof(raw), deadline, fd_out);
+    int rc = recv_all(c, s, raw, sizeof(raw), deadline, fd_out);
     if (rc != GRAPHD_OK)
         return rc;
     graphd_frame_decode(raw, f);
@@ -160,18 +168,20 @@ static int recv_frame(graphd_client_t *c, graphd_frame_t *f, char *msg, int64_t 
     if (f->msg_len > GRAPHD_FRAME_MAX_MSG)
         return graphd__fail(c, GRAPHD_EPROTO, "frame message of %u bytes from graphd (max %d)",
                             (unsigned)f->msg_len, GRAPHD_FRAME_MAX_MSG);
-    rc = recv_all(c, (uint8_t *)msg, f->msg_len, deadline, fd_out);
+    rc = recv_all(c, s, (uint8_t *)msg, f->msg_len, deadline, fd_out);
     if (rc != GRAPHD_OK)
         return rc;
     msg[f->msg_len] = '\0';
     return GRAPHD_OK;
 }
 
-/* The error for an ERROR frame f (the daemon closes the session after it). */
-static int closed_by_daemon(graphd_client_t *c, const graphd_frame_t *f, const char *msg)
+/* The error for an ERROR frame f (the daemon closes the session, or the executor the replay
+ * connection, after it). */
+static int closed_by_daemon(graphd_client_t *c, sock_t s, const graphd_frame_t *f, const char *msg)
 {
     int err = f->status != 0 ? graphd_err_from_grpc(f->status) : GRAPHD_EPROTO;
-    return graphd__fail(c, err, "graphd closed the session: %s",
+    return graphd__fail(c, err, "graphd closed %s: %s",
+                        s.fd == c->session_fd ? "the session" : s.name,
                         msg[0] != '\0' ? msg : graphd_strerror(err));
 }
 
@@ -197,7 +207,7 @@ static int no_socket(graphd_client_t *c)
 }
 
 /* Sends a request frame, the client's next seq (into *seq), with send_len bytes of message. */
-static int send_request(graphd_client_t *c, uint16_t type, uint64_t id, uint64_t arg,
+static int send_request(graphd_client_t *c, sock_t s, uint16_t type, uint64_t id, uint64_t arg,
                         const void *send, size_t send_len, int64_t deadline, uint64_t *seq)
 {
     graphd_frame_t req = {
@@ -214,38 +224,174 @@ static int send_request(graphd_client_t *c, uint16_t type, uint64_t id, uint64_t
     if (send_len > 0)
         memcpy(raw + GRAPHD_FRAME_SIZE, send, send_len);
     *seq = req.seq;
-    return send_all(c, raw, GRAPHD_FRAME_SIZE + send_len, deadline);
+    return send_all(c, s, raw, GRAPHD_FRAME_SIZE + send_len, deadline);
+}
+
+/* ---- replay connections ------------------------------------------------------------------ */
+
+/* The replay connection named key, or NULL. */
+static struct graphd__direct *direct_find(graphd_client_t *c, uint64_t key)
+{
+    for (size_t i = 0; i < c->ndirect; i++)
+        if (c->direct[i].key == key)
+            return &c->direct[i];
+    return NULL;
+}
+
+/* Closes the replay connection on fd (it broke, or the executor ended it). */
+static void direct_forget(graphd_client_t *c, int fd)
+{
+    for (size_t i = 0; i < c->ndirect; i++)
+        if (c->direct[i].fd == fd) {
+            close(fd);
+            c->direct[i] = c->direct[--c->ndirect];
+            return;
+        }
+}
+
+void graphd__dp_close(graphd_client_t *c)
+{
+    while (c->ndirect > 0)
+        close(c->direct[--c->ndirect].fd);
+    if (c->session_fd >= 0) {
+        close(c->session_fd);
+        c->session_fd = -1;
+    }
+}
+
+/* A socket broke or went out of step: a replay connection is closed (the session goes on), the
+ * session socket ends the session (the daemon ends a session whose socket closes). */
+static void broken(graphd_client_t *c, sock_t s)
+{
+    if (s.fd == c->session_fd)
+        graphd__session_end(c);
+    else
+        direct_forget(c, s.fd);
+}
+
+/* Asks for g's replay connection (DIRECT frame): *fd is the one to use. */
+static int direct_ask(graphd_client_t *c, graphd_graph_t *g, int *fd)
+{
+    uint64_t key = 0;
+    int nfd = -1;
+    int rc = graphd__dp_request(c, GRAPHD_FRAME_DIRECT, g->id, 0, &key, &nfd);
+    if (rc == GRAPHD_OK && nfd < 0 && direct_find(c, key) == NULL) /* one we no longer have */
+        rc = graphd__dp_request(c, GRAPHD_FRAME_DIRECT, g->id, GRAPHD_DIRECT_RENEW, &key, &nfd);
+    if (rc != GRAPHD_OK)
+        return rc;
+    if (nfd >= 0) {
+        struct graphd__direct *d = direct_find(c, key);
+        if (d == NULL && c->ndirect == GRAPHD__MAX_DIRECT) {
+            close(nfd);
+            return graphd__fail(c, GRAPHD_ERESOURCE_EXHAUSTED,
+                                "the session already has %d replay connections",
+                                GRAPHD__MAX_DIRECT);
+        }
+        rc = graphd__dp_set_timeouts(c, nfd);
+        if (rc != GRAPHD_OK) {
+            close(nfd);
+            return rc;
+        }
+        if (d == NULL)
+            d = &c->direct[c->ndirect++];
+        else
+            close(d->fd);
+        *d = (struct graphd__direct){.key = key, .fd = nfd};
+    } else if (direct_find(c, key) == NULL) {
+        return graphd__fail(c, GRAPHD_EPROTO, "graphd named replay connection %llu, unknown here",
+                            (unsigned long long)key);
+    }
+    g->direct_key = key;
+    *fd = direct_find(c, key)->fd;
+    return GRAPHD_OK;
+}
+
+/* The socket g's REPLAY frames go on: its replay connection (made on first use), or the session
+ * socket with GRAPHD_DIRECT=0. */
+static int replay_sock(graphd_client_t *c, graphd_graph_t *g, sock_t *s)
+{
+    if (c->session_fd < 0)
+        return no_socket(c);
+    *s = SESSION_SOCK(c);
+    if (!c->direct_on)
+        return GRAPHD_OK;
+    s->name = "the replay connection";
+    struct graphd__direct *d = g->direct_key ? direct_find(c, g->direct_key) : NULL;
+    if (d != NULL) {
+        s->fd = d->fd;
+        return GRAPHD_OK;
+    }
+    return direct_ask(c, g, &s->fd);
+}
+
+/* The replay connection of g closed under a replay (EOF, reset): the executor was killed or died,
+ * or the session ended. The daemon says which; rc is the error when it has nothing to say. */
+static int direct_lost(graphd_client_t *c, graphd_graph_t *g, int rc)
+{
+    if (c->session_fd < 0)
+        return rc;
+    char saved[GRAPHD__ERRMSG_MAX];
+    memcpy(saved, c->last_error, sizeof(saved));
+    int fd;
+    int why = direct_ask(c, g, &fd);
+    if (why != GRAPHD_OK)
+        return why; /* the daemon's account: the bound the replay passed, how the executor died */
+    memcpy(c->last_error, saved, sizeof(saved));
+    return graphd__fail(c, GRAPHD_EUNAVAILABLE,
+                        "the replay connection of graph %llu closed during the replay; it may not "
+                        "have run (%s)",
+                        (unsigned long long)g->id, saved);
+}
+
+/* ---- exchanges ------------------------------------------------------------------------------ */
+
+static int post_on(graphd_client_t *c, sock_t s, uint16_t type, uint64_t id, uint64_t arg)
+{
+    uint64_t seq;
+    int rc = send_request(c, s, type, id, arg, NULL, 0, now_ms() + c->timeout_ms, &seq);
+    if (rc != GRAPHD_OK)
+        broken(c, s);
+    return rc;
 }
 
 int graphd__dp_post(graphd_client_t *c, uint16_t type, uint64_t id, uint64_t arg)
 {
     if (c->session_fd < 0)
         return no_socket(c);
-    uint64_t seq;
-    int rc = send_request(c, type, id, arg, NULL, 0, now_ms() + c->timeout_ms, &seq);
-    if (rc != GRAPHD_OK)
-        graphd__session_end(c);
-    return rc;
+    return post_on(c, SESSION_SOCK(c), type, id, arg);
 }
 
-int graphd__dp_drain(graphd_client_t *c)
+/* Reads the answers to posted replays that have come on s. */
+static int drain_sock(graphd_client_t *c, sock_t s)
 {
-    struct pollfd p = {.fd = c->session_fd, .events = POLLIN};
-    while (c->session_fd >= 0 && poll(&p, 1, 0) > 0) {
+    struct pollfd p = {.fd = s.fd, .events = POLLIN};
+    while (poll(&p, 1, 0) > 0) {
         graphd_frame_t f;
         char msg[GRAPHD_FRAME_MAX_MSG + 1];
-        int rc = recv_frame(c, &f, msg, now_ms() + c->timeout_ms, NULL);
+        int rc = recv_frame(c, s, &f, msg, now_ms() + c->timeout_ms, NULL);
         if (rc == GRAPHD_OK && f.type == GRAPHD_FRAME_ERROR)
-            rc = closed_by_daemon(c, &f, msg);
+            rc = closed_by_daemon(c, s, &f, msg);
         else if (rc == GRAPHD_OK && !take_posted_answer(c, &f, msg))
             rc = graphd__fail(c, GRAPHD_EPROTO,
                               "unexpected frame from graphd (type 0x%x seq %llu) between requests",
                               (unsigned)f.type, (unsigned long long)f.seq);
         if (rc != GRAPHD_OK) {
-            graphd__session_end(c);
+            broken(c, s);
             return rc;
         }
     }
+    return GRAPHD_OK;
+}
+
+int graphd__dp_drain(graphd_client_t *c)
+{
+    int rc = GRAPHD_OK;
+    for (size_t i = c->ndirect; i-- > 0 && rc == GRAPHD_OK;)
+        rc = drain_sock(c, (sock_t){c->direct[i].fd, "the replay connection"});
+    if (rc == GRAPHD_OK && c->session_fd >= 0)
+        rc = drain_sock(c, SESSION_SOCK(c));
+    if (rc != GRAPHD_OK)
+        return rc;
     if (c->posted_err) {
         int err = c->posted_err;
         c->posted_err = 0;
@@ -260,35 +406,35 @@ int graphd__dp_request(graphd_client_t *c, uint16_t type, uint64_t id, uint64_t 
     return graphd__dp_exchange(c, type, id, arg, NULL, 0, arg_out, fd_out, NULL, NULL);
 }
 
-int graphd__dp_exchange(graphd_client_t *c, uint16_t type, uint64_t id, uint64_t arg,
-                        const void *send, size_t send_len, uint64_t *arg_out, int *fd_out,
-                        void *payload, size_t *payload_len)
+/* One request and its answer on s; see graphd__dp_exchange. *eof is set when s closed under it. */
+static int exchange_on(graphd_client_t *c, sock_t s, uint16_t type, uint64_t id, uint64_t arg,
+                       const void *send, size_t send_len, uint64_t *arg_out, int *fd_out,
+                       void *payload, size_t *payload_len, int *eof)
 {
+    *eof = 0;
     if (send_len > GRAPHD_FRAME_MAX_MSG)
         return graphd__fail(c, GRAPHD_EINVALID_ARGUMENT, "frame message of %zu bytes", send_len);
     if (fd_out != NULL)
         *fd_out = -1;
-    if (c->session_fd < 0)
-        return no_socket(c);
 
     int64_t deadline = now_ms() + c->timeout_ms;
     uint64_t seq;
-    int rc = send_request(c, type, id, arg, send, send_len, deadline, &seq);
+    int rc = send_request(c, s, type, id, arg, send, send_len, deadline, &seq);
     if (rc != GRAPHD_OK)
         goto broken;
 
     graphd_frame_t rep;
     char msg[GRAPHD_FRAME_MAX_MSG + 1];
     int fd = -1;
-    spin_until_readable(c);
-    rc = recv_frame(c, &rep, msg, deadline, &fd);
+    spin_until_readable(c, s);
+    rc = recv_frame(c, s, &rep, msg, deadline, &fd);
     /* Answers to earlier posted replays may come first. */
     while (rc == GRAPHD_OK && rep.seq != seq && take_posted_answer(c, &rep, msg))
-        rc = recv_frame(c, &rep, msg, deadline, &fd);
+        rc = recv_frame(c, s, &rep, msg, deadline, &fd);
     if (rc != GRAPHD_OK)
         goto broken_fd;
     if (rep.type == GRAPHD_FRAME_ERROR) {
-        rc = closed_by_daemon(c, &rep, msg);
+        rc = closed_by_daemon(c, s, &rep, msg);
         goto broken_fd;
     }
     if (rep.type != (GRAPHD_FRAME_REPLY | type) || rep.seq != seq) {
@@ -320,8 +466,47 @@ broken_fd:
     if (fd >= 0)
         close(fd);
 broken:
-    /* The stream is out of step (or gone): no later frame could be trusted, and the daemon
-     * ends a session whose socket closes. */
-    graphd__session_end(c);
+    /* The stream is out of step (or gone): no later frame could be trusted. */
+    *eof = rc == GRAPHD_EUNAVAILABLE;
+    broken(c, s);
+    return rc;
+}
+
+int graphd__dp_exchange(graphd_client_t *c, uint16_t type, uint64_t id, uint64_t arg,
+                        const void *send, size_t send_len, uint64_t *arg_out, int *fd_out,
+                        void *payload, size_t *payload_len)
+{
+    if (fd_out != NULL)
+        *fd_out = -1;
+    if (c->session_fd < 0)
+        return no_socket(c);
+    int eof;
+    return exchange_on(c, SESSION_SOCK(c), type, id, arg, send, send_len, arg_out, fd_out, payload,
+                       payload_len, &eof);
+}
+
+int graphd__dp_replay(graphd_client_t *c, graphd_graph_t *g, uint64_t arg, uint64_t *arg_out)
+{
+    sock_t s;
+    int rc = replay_sock(c, g, &s);
+    if (rc != GRAPHD_OK)
+        return rc;
+    int eof;
+    rc = exchange_on(c, s, GRAPHD_FRAME_REPLAY, g->id, arg, NULL, 0, arg_out, NULL, NULL, NULL,
+                     &eof);
+    if (eof && s.fd != c->session_fd)
+        rc = direct_lost(c, g, rc);
+    return rc;
+}
+
+int graphd__dp_replay_post(graphd_client_t *c, graphd_graph_t *g, uint64_t arg)
+{
+    sock_t s;
+    int rc = replay_sock(c, g, &s);
+    if (rc != GRAPHD_OK)
+        return rc;
+    rc = post_on(c, s, GRAPHD_FRAME_REPLAY, g->id, arg);
+    if (rc == GRAPHD_EUNAVAILABLE && s.fd != c->session_fd)
+        rc = direct_lost(c, g, rc);
     return rc;
 }

@@ -457,8 +457,7 @@ int graphd_replay(graphd_graph_t *g, int phase, uint64_t *device_ns)
             return rc;
     }
     /* A negative phase would become a huge one on the wire; the daemon refuses both alike. */
-    return graphd__dp_request(c, GRAPHD_FRAME_REPLAY, g->id, (uint64_t)(int64_t)phase, device_ns,
-                              NULL);
+    return graphd__dp_replay(c, g, (uint64_t)(int64_t)phase, device_ns);
 }
 
 int graphd_replay_stream(graphd_graph_t *g, int phase, void *stream, uint64_t *launch_ns)
@@ -472,7 +471,7 @@ int graphd_replay_stream(graphd_graph_t *g, int phase, void *stream, uint64_t *l
                             "graph %llu is host-staged: stream-ordered replays are for "
                             "device-resident graphs (use graphd_replay)",
                             (unsigned long long)g->id);
-    return graphd__cuda_replay_ordered(c, g->region->device, stream, g->id, phase, launch_ns);
+    return graphd__cuda_replay_ordered(c, g->region->device, stream, g, phase, launch_ns);
 }
 
 int graphd_set_replay_posted(graphd_client_t *c, int posted)

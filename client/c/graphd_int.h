@@ -21,6 +21,7 @@
 #define GRAPHD__METHOD(name) "/graphd.v1.Graphd/" name
 #define GRAPHD__IPC_HANDLE_SIZE 64 /* a MAP reply's payload for a device region */
 #define GRAPHD__MAX_EVENT_DEVICES 16
+#define GRAPHD__MAX_DIRECT 64 /* replay connections of a session: one per executor it uses */
 
 struct graphd_region {
     graphd_client_t *client;
@@ -46,6 +47,7 @@ struct graphd_graph {
     size_t n_extra;
     int training;
     int has_backward;
+    uint64_t direct_key; /* the replay connection its REPLAY frames go on (0: not asked yet) */
     size_t n_tensors;
     graphd_tensor_t tensors[]; /* data points into region */
 };
@@ -86,6 +88,14 @@ struct graphd_client {
         uint64_t last; /* the sequence number of the last posted replay */
     } seqs[GRAPHD__MAX_EVENT_DEVICES];
     size_t nseqs;
+    /* Replay connections (DIRECT frames): REPLAY frames straight to the executor that holds the
+     * graph, one socket per executor, named by the daemon's key. direct_on: GRAPHD_DIRECT. */
+    struct graphd__direct {
+        uint64_t key;
+        int fd;
+    } direct[GRAPHD__MAX_DIRECT];
+    size_t ndirect;
+    int direct_on;
     /* 1: graphd_replay_stream posts its replays (GRAPHD_REPLAY_POSTED); 0: it orders them by
      * events and waits for the daemon's answer (GRAPHD_REPLAY_ORDER=events, or a daemon or
      * driver without stream memory operations). */
@@ -171,7 +181,14 @@ int graphd__dp_post(graphd_client_t *c, uint16_t type, uint64_t id, uint64_t arg
 /* Reads, without blocking, the answers to posted replays that have come, and returns the first
  * failure among them and any kept from before (then forgotten) as an error, else GRAPHD_OK. */
 int graphd__dp_drain(graphd_client_t *c);
-/* Closes the session socket if open. */
+/* A REPLAY frame of g with arg and its answer (its arg to *arg_out), on g's replay connection
+ * (made on first use; GRAPHD_DIRECT=0: the session socket). A replay connection that closes under
+ * it is closed here, and the daemon asked why (the bound the replay passed, how the executor
+ * died), which becomes the error. */
+int graphd__dp_replay(graphd_client_t *c, graphd_graph_t *g, uint64_t arg, uint64_t *arg_out);
+/* A posted REPLAY of g (no answer unless it fails), on g's replay connection. */
+int graphd__dp_replay_post(graphd_client_t *c, graphd_graph_t *g, uint64_t arg);
+/* Closes the replay connections and the session socket. */
 void graphd__dp_close(graphd_client_t *c);
 /* Forgets the session (closing its socket, which ends it in the daemon too). */
 void graphd__session_end(graphd_client_t *c);
@@ -195,7 +212,7 @@ void graphd__cuda_close(int device, void *ptr);
 
 /* An ordered REPLAY (GRAPHD_REPLAY_ORDERED) of graph_id on device, in the order of stream (a
  * cudaStream_t): see graphd_replay_stream. */
-int graphd__cuda_replay_ordered(graphd_client_t *c, int device, void *stream, uint64_t graph_id,
+int graphd__cuda_replay_ordered(graphd_client_t *c, int device, void *stream, graphd_graph_t *g,
                                 int phase, uint64_t *launch_ns);
 /* Destroys the session's ordering events and releases its sequence counters, ending any wait of
  * this process's streams on them (the session ended). */

@@ -49,6 +49,9 @@ static const setting_t settings[] = {
     {"GRAPHD_SPIN_US", SET_UINT, NULL, spin_default, 0, 100000, NULL,
      "how long a session-socket exchange polls for its reply before blocking, in microseconds "
      "(default 200 on hosts with 4 or more CPUs, else 0)"},
+    {"GRAPHD_DIRECT", SET_BOOL, "1", NULL, 0, 1, NULL,
+     "1: REPLAY frames go straight to the executor that holds the graph, on a replay connection "
+     "per executor; 0: through the daemon's session socket (one hop more)"},
     {"GRAPHD_TLS_CA", SET_PATH, "", NULL, 0, 0, NULL,
      "PEM file of the roots trusted for a TCP address (a private CA or the daemon's self-signed "
      "certificate); empty: gRPC's default roots"},

@@ -14,8 +14,8 @@ import graphd
 from graphd import _lib
 
 REPO = Path(__file__).resolve().parents[2]
-NAMES = ["GRAPHD_ADDRESS", "GRAPHD_TIMEOUT_MS", "GRAPHD_SPIN_US", "GRAPHD_TLS_CA",
-         "GRAPHD_REPLAY_ORDER", "GRAPHD_COPY_PARAM_GRADS"]
+NAMES = ["GRAPHD_ADDRESS", "GRAPHD_TIMEOUT_MS", "GRAPHD_SPIN_US", "GRAPHD_DIRECT",
+         "GRAPHD_TLS_CA", "GRAPHD_REPLAY_ORDER", "GRAPHD_COPY_PARAM_GRADS"]
 
 
 @pytest.fixture
@@ -30,6 +30,7 @@ def test_names_and_defaults(clean_env):
     assert _lib.setting("GRAPHD_ADDRESS") == graphd.DEFAULT_ADDRESS
     assert _lib.setting("GRAPHD_TIMEOUT_MS") == "60000"
     assert _lib.setting("GRAPHD_SPIN_US") == ("200" if os.cpu_count() >= 4 else "0")
+    assert _lib.setting("GRAPHD_DIRECT") == "1"
     assert _lib.setting("GRAPHD_TLS_CA") == ""
     assert _lib.setting("GRAPHD_REPLAY_ORDER") == "posted"
     assert _lib.setting("GRAPHD_COPY_PARAM_GRADS") == "0"

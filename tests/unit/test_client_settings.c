@@ -15,9 +15,9 @@
 
 #include "graphd.h"
 
-static const char *const names[] = {"GRAPHD_ADDRESS",      "GRAPHD_TIMEOUT_MS",
-                                    "GRAPHD_SPIN_US",      "GRAPHD_TLS_CA",
-                                    "GRAPHD_REPLAY_ORDER", "GRAPHD_COPY_PARAM_GRADS"};
+static const char *const names[] = {
+    "GRAPHD_ADDRESS", "GRAPHD_TIMEOUT_MS",   "GRAPHD_SPIN_US",         "GRAPHD_DIRECT",
+    "GRAPHD_TLS_CA",  "GRAPHD_REPLAY_ORDER", "GRAPHD_COPY_PARAM_GRADS"};
 #define NNAMES (sizeof(names) / sizeof(names[0]))
 
 static int setup(void **state)
