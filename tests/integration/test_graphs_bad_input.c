@@ -711,15 +711,22 @@ static void garbage_on_a_session_with_graphs(void **state)
     graphd_close(bystander);
 }
 
-/* A daemon that does not answer: the replay gives up after GRAPHD_TIMEOUT_MS, ending the session
- * in the client (its stream is out of step); the daemon, once it runs again, goes on. */
+/* A daemon or an executor that does not answer: the replay gives up after GRAPHD_TIMEOUT_MS. On
+ * the session socket that ends the session in the client (its stream is out of step); on a replay
+ * connection it closes only that connection. Once they run again, they go on. */
 static void replay_timeout(void **state)
 {
     fixture_t *f = *state;
+    /* The session socket (GRAPHD_DIRECT=0): the daemon stops answering. The stream is out of step
+     * after a timeout, so the session ends. */
     setenv("GRAPHD_TIMEOUT_MS", "1000", 1);
+    setenv("GRAPHD_DIRECT", "0", 1);
     graphd_client_t *c = harness_client(&f->h, "impatient");
+    unsetenv("GRAPHD_DIRECT");
+    graphd_client_t *d = harness_client(&f->h, "impatient-direct");
     unsetenv("GRAPHD_TIMEOUT_MS");
     assert_non_null(c);
+    assert_non_null(d);
     graphd_graph_t *g = capture_mlp(c, f, 0);
     expect(c, graphd_replay(g, GRAPHD_PHASE_FORWARD, NULL), GRAPHD_OK, NULL);
     assert_int_equal(kill(f->h.pid, SIGSTOP), 0);
@@ -734,6 +741,29 @@ static void replay_timeout(void **state)
     expect(c, graphd_replay(g, GRAPHD_PHASE_FORWARD, NULL), GRAPHD_EFAILED_PRECONDITION, NULL);
     graphd_close(c);
     graphd_graph_release(g); /* the session is over: only frees the handle, and c */
+
+    /* A replay connection: its executor stops answering. Only that connection is out of step:
+     * it is closed, the session goes on, and the next replay opens a new one. */
+    g = capture_mlp(d, f, 0);
+    expect(d, graphd_replay(g, GRAPHD_PHASE_FORWARD, NULL), GRAPHD_OK, NULL);
+    json_t *st = harness_status(d);
+    json_t *x = harness_find(json_object_get(st, "executors"), "device", "cpu:0");
+    assert_non_null(x);
+    pid_t pid = (pid_t)harness_int(x, "pid");
+    json_decref(st);
+    assert_true(pid > 0);
+    assert_int_equal(kill(pid, SIGSTOP), 0);
+    t0 = harness_now_ms();
+    rc = graphd_replay(g, GRAPHD_PHASE_FORWARD, NULL);
+    waited = harness_now_ms() - t0;
+    assert_int_equal(kill(pid, SIGCONT), 0);
+    expect(d, rc, GRAPHD_EDEADLINE_EXCEEDED, "replay connection");
+    if (waited < 950 || waited > 5000)
+        fail_msg("the replay gave up after %lld ms, want about 1000", (long long)waited);
+    assert_true(graphd_session_id(d) != 0);
+    replays_fine(d, g);
+    expect(d, graphd_graph_release(g), GRAPHD_OK, NULL);
+    graphd_close(d);
 
     graphd_client_t *other = harness_client(&f->h, "patient");
     assert_non_null(other);

@@ -200,3 +200,36 @@ void expect_error_then_close(int fd, const char *what)
     uint8_t more;
     assert_int_equal(dp_read(fd, &more, 1), 0); /* EOF */
 }
+
+int dp_direct(int fd, uint64_t seq, uint64_t graph_id, uint64_t arg, graphd_frame_t *rep, char *msg,
+              size_t msg_size)
+{
+    dp_send_frame(fd, GRAPHD_FRAME_DIRECT, seq, graph_id, arg);
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    if (poll(&p, 1, 10000) <= 0)
+        fail_msg("no DIRECT reply within 10 s");
+    uint8_t raw[GRAPHD_FRAME_SIZE];
+    char control[CMSG_SPACE(sizeof(int))];
+    struct iovec iov = {.iov_base = raw, .iov_len = sizeof(raw)};
+    struct msghdr mh = {.msg_iov = &iov,
+                        .msg_iovlen = 1,
+                        .msg_control = control,
+                        .msg_controllen = sizeof(control)};
+    ssize_t r;
+    do
+        r = recvmsg(fd, &mh, MSG_CMSG_CLOEXEC | MSG_WAITALL);
+    while (r < 0 && errno == EINTR);
+    assert_int_equal(r, (ssize_t)sizeof(raw));
+    int got = -1;
+    for (struct cmsghdr *cm = CMSG_FIRSTHDR(&mh); cm; cm = CMSG_NXTHDR(&mh, cm))
+        if (cm->cmsg_type == SCM_RIGHTS)
+            memcpy(&got, CMSG_DATA(cm), sizeof(int));
+    graphd_frame_decode(raw, rep);
+    assert_int_equal(rep->magic, GRAPHD_FRAME_MAGIC);
+    assert_int_equal(rep->type, GRAPHD_FRAME_DIRECT | GRAPHD_FRAME_REPLY);
+    assert_int_equal(rep->seq, seq);
+    assert_true(rep->msg_len < msg_size);
+    assert_int_equal(dp_read(fd, msg, rep->msg_len), rep->msg_len);
+    msg[rep->msg_len] = '\0';
+    return got;
+}

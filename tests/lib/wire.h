@@ -37,6 +37,10 @@ void dp_send_frame(int fd, uint16_t type, uint64_t seq, uint64_t id, uint64_t ar
 size_t dp_read(int fd, void *buf, size_t n);
 /* Reads one frame (and its message) and checks magic and version. */
 void dp_recv_frame(int fd, graphd_frame_t *f, char *msg, size_t msg_size);
+/* A DIRECT frame for graph_id with arg on the session socket fd, and its reply into *rep and msg:
+ * the replay connection that came with it, or -1 (an error reply, or one the session has). */
+int dp_direct(int fd, uint64_t seq, uint64_t graph_id, uint64_t arg, graphd_frame_t *rep, char *msg,
+              size_t msg_size);
 /* The daemon must answer with one ERROR frame (INVALID_ARGUMENT) and then close; fd stays open. */
 void expect_error_then_close(int fd, const char *what);
 
