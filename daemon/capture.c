@@ -41,11 +41,14 @@ typedef struct {
     uint8_t dev_handles[MAX_CALLABLES][GR_IPC_HANDLE_SIZE];
 } capture_op_t;
 
+/* The end of every capture, on the loop (its graphs, if any, are registered by now). */
 static void capture_op_free(gd_daemon_t *d, capture_op_t *op)
 {
     gd_session_t *s = op->reserved ? gd_session_find(d, op->session) : NULL;
     if (s != NULL)
         s->capturing -= op->reserved;
+    if (op->pool != NULL)
+        gd_gpool_capture_done(d, op->pool);
     for (size_t i = 0; i < op->n; i++)
         if (op->mods[i])
             gd_module_unref(d, op->mods[i]);
@@ -82,6 +85,8 @@ static void capture_abort_run(gd_job_t *job)
     gd_exec_capture_abort(op->cap);
     op->cap = NULL;
     capture_free_blocks(op);
+    gd_rpool_put(op->pool, op->rpool);
+    op->rpool = NULL;
 }
 
 static void capture_abort_done(gd_job_t *job)
@@ -156,6 +161,7 @@ static void capture_finish_run(gd_job_t *job)
         snprintf(op->msg, sizeof op->msg, "%s", gd_exec_last_error());
     if (op->rc == GR_OK)
         op->rpool->graphs += (uint32_t)op->n;
+    gd_rpool_put(op->pool, op->rpool); /* a failed capture may leave it with no graph: it goes */
     gd_gpool_measure(op->pool);
     op->finish_end = gd_now_ns();
 }
@@ -359,8 +365,10 @@ static void capture_prepare_done(gd_job_t *job)
 static void prepare_on_worker(capture_op_t *op)
 {
     op->rc = gd_rpool_get(op->pool, op->session, op->x, &op->rpool, op->msg, sizeof op->msg);
-    if (op->rc != GR_OK)
+    if (op->rc != GR_OK) {
+        op->rpool = NULL;
         return;
+    }
     op->opts.pool = op->rpool->gp;
     op->rc = gd_exec_capture_prepare(op->x, op->pool->worker->device, op->n, op->specs, &op->opts,
                                      &op->cap);
@@ -395,6 +403,10 @@ static void capture_prepare_run(gd_job_t *job)
     capture_op_t *op = (capture_op_t *)job;
     op->prepare_start = gd_now_ns();
     prepare_on_worker(op);
+    if (op->rc != GR_OK) { /* no later step on the worker: give the runtime pool back here */
+        gd_rpool_put(op->pool, op->rpool);
+        op->rpool = NULL;
+    }
     op->prepare_end = gd_now_ns();
 }
 
@@ -556,6 +568,7 @@ void gd_rpc_capture(void *ctx, gd_call_t *call, const ProtobufCMessage *msg)
     op->session = s->id;
     op->job.session = s->id; /* every step in the session's queue (worker.h) */
     op->pool = gp;
+    gp->captures++; /* until capture_op_free: a deleted pool waits for its captures */
     op->t0 = gd_now_ns();
     op->reserved = (uint32_t)op->n;
     s->capturing += op->reserved;
