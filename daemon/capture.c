@@ -4,9 +4,12 @@
 #include "graphd.pb-c.h"
 #include "log.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* ---- capture ----------------------------------------------------------- */
 
@@ -32,6 +35,8 @@ typedef struct {
     uint64_t t0, prepare_start, prepare_end, regions_start, regions_end, finish_start, finish_end;
     /* filled on the loop between the two steps */
     uint64_t region_ids[MAX_CALLABLES];
+    /* host regions: fd is the op's own duplicate of the region's memfd (-1: none), since the
+     * region may be freed on the loop (its session ending) before the worker sends it */
     gd_xbase_t bases[MAX_CALLABLES];
     gd_xgraph_t *graphs[MAX_CALLABLES];
     /* device-resident (opts.resident): blocks allocated by the worker after prepare, owned here
@@ -41,9 +46,20 @@ typedef struct {
     uint8_t dev_handles[MAX_CALLABLES][GR_IPC_HANDLE_SIZE];
 } capture_op_t;
 
+/* Closes the op's duplicates of the regions' memfds. */
+static void close_bases(capture_op_t *op)
+{
+    for (size_t i = 0; i < MAX_CALLABLES; i++) {
+        if (op->bases[i].fd >= 0)
+            close(op->bases[i].fd);
+        op->bases[i].fd = -1;
+    }
+}
+
 /* The end of every capture, on the loop (its graphs, if any, are registered by now). */
 static void capture_op_free(gd_daemon_t *d, capture_op_t *op)
 {
+    close_bases(op);
     gd_session_t *s = op->reserved ? gd_session_find(d, op->session) : NULL;
     if (s != NULL)
         s->capturing -= op->reserved;
@@ -60,6 +76,7 @@ static void capture_op_free(gd_daemon_t *d, capture_op_t *op)
  * already (device blocks go with their regions). */
 static void capture_unwind(gd_daemon_t *d, capture_op_t *op, bool free_regions)
 {
+    close_bases(op);
     for (size_t i = 0; i < op->n; i++) {
         op->bases[i] = (gd_xbase_t){.fd = -1};
         if (op->region_ids[i] && free_regions)
@@ -156,7 +173,8 @@ static void capture_finish_run(gd_job_t *job)
     capture_op_t *op = (capture_op_t *)job;
     op->finish_start = gd_now_ns();
     op->rc = gd_exec_capture_finish(op->cap, op->bases, op->graphs);
-    op->cap = NULL; /* consumed either way */
+    op->cap = NULL;  /* consumed either way */
+    close_bases(op); /* the executor has mapped them, or failed */
     if (op->rc != GR_OK)
         snprintf(op->msg, sizeof op->msg, "%s", gd_exec_last_error());
     if (op->rc == GR_OK)
@@ -351,8 +369,19 @@ static void capture_prepare_done(gd_job_t *job)
             op->dev_ptrs[i] = NULL;
             continue;
         }
-        /* The executor maps the region itself (its memfd goes with the request). */
-        op->bases[i] = (gd_xbase_t){.fd = pm_region_fd(r), .len = pm_region_mapped_size(r)};
+        /* The executor maps the region itself (its memfd goes with the request): a duplicate,
+         * which stays this region's memfd should the session end and free the region first. */
+        int fd = fcntl(pm_region_fd(r), F_DUPFD_CLOEXEC, 0);
+        if (fd < 0) {
+            char msg[512];
+            snprintf(msg, sizeof msg, "cannot pass the static region of callable %zu: %s", i,
+                     strerror(errno));
+            gd_error("session %llu: %s", (unsigned long long)op->session, msg);
+            capture_unwind(d, op, true);
+            capture_fail(op, GD_RESOURCE_EXHAUSTED, msg);
+            return;
+        }
+        op->bases[i] = (gd_xbase_t){.fd = fd, .len = pm_region_mapped_size(r)};
     }
     op->regions_end = gd_now_ns();
     op->job.run = capture_finish_run;
@@ -531,6 +560,8 @@ void gd_rpc_capture(void *ctx, gd_call_t *call, const ProtobufCMessage *msg)
         return;
     }
     op->args = args;
+    for (size_t i = 0; i < MAX_CALLABLES; i++)
+        op->bases[i].fd = -1;
     size_t next_arg = 0;
     for (size_t i = 0; i < req->n_callables; i++) {
         const Graphd__V1__Callable *c = req->callables[i];
