@@ -4,9 +4,12 @@
 #include "graphd.pb-c.h"
 #include "log.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* ---- capture ----------------------------------------------------------- */
 
@@ -32,6 +35,8 @@ typedef struct {
     uint64_t t0, prepare_start, prepare_end, regions_start, regions_end, finish_start, finish_end;
     /* filled on the loop between the two steps */
     uint64_t region_ids[MAX_CALLABLES];
+    /* host regions: fd is the op's own duplicate of the region's memfd (-1: none), since the
+     * region may be freed on the loop (its session ending) before the worker sends it */
     gd_xbase_t bases[MAX_CALLABLES];
     gd_xgraph_t *graphs[MAX_CALLABLES];
     uint64_t graph_ids[MAX_CALLABLES]; /* taken on the loop before the finish step */
@@ -42,11 +47,25 @@ typedef struct {
     uint8_t dev_handles[MAX_CALLABLES][GR_IPC_HANDLE_SIZE];
 } capture_op_t;
 
+/* Closes the op's duplicates of the regions' memfds. */
+static void close_bases(capture_op_t *op)
+{
+    for (size_t i = 0; i < MAX_CALLABLES; i++) {
+        if (op->bases[i].fd >= 0)
+            close(op->bases[i].fd);
+        op->bases[i].fd = -1;
+    }
+}
+
+/* The end of every capture, on the loop (its graphs, if any, are registered by now). */
 static void capture_op_free(gd_daemon_t *d, capture_op_t *op)
 {
+    close_bases(op);
     gd_session_t *s = op->reserved ? gd_session_find(d, op->session) : NULL;
     if (s != NULL)
         s->capturing -= op->reserved;
+    if (op->pool != NULL)
+        gd_gpool_capture_done(d, op->pool);
     for (size_t i = 0; i < op->n; i++)
         if (op->mods[i])
             gd_module_unref(d, op->mods[i]);
@@ -58,6 +77,7 @@ static void capture_op_free(gd_daemon_t *d, capture_op_t *op)
  * already (device blocks go with their regions). */
 static void capture_unwind(gd_daemon_t *d, capture_op_t *op, bool free_regions)
 {
+    close_bases(op);
     for (size_t i = 0; i < op->n; i++) {
         op->bases[i] = (gd_xbase_t){.fd = -1};
         if (op->region_ids[i] && free_regions)
@@ -83,6 +103,8 @@ static void capture_abort_run(gd_job_t *job)
     gd_exec_capture_abort(op->cap);
     op->cap = NULL;
     capture_free_blocks(op);
+    gd_rpool_put(op->pool, op->rpool);
+    op->rpool = NULL;
 }
 
 static void capture_abort_done(gd_job_t *job)
@@ -152,7 +174,8 @@ static void capture_finish_run(gd_job_t *job)
     capture_op_t *op = (capture_op_t *)job;
     op->finish_start = gd_now_ns();
     op->rc = gd_exec_capture_finish(op->cap, op->bases, op->graphs);
-    op->cap = NULL; /* consumed either way */
+    op->cap = NULL;  /* consumed either way */
+    close_bases(op); /* the executor has mapped them, or failed */
     /* Before the reply: the client may replay each graph on its direct connection at once. */
     for (size_t i = 0; i < op->n && op->rc == GR_OK; i++) {
         op->rc = gd_exec_graph_bind(op->graphs[i], op->session, op->graph_ids[i]);
@@ -166,6 +189,7 @@ static void capture_finish_run(gd_job_t *job)
         snprintf(op->msg, sizeof op->msg, "%s", gd_exec_last_error());
     if (op->rc == GR_OK)
         op->rpool->graphs += (uint32_t)op->n;
+    gd_rpool_put(op->pool, op->rpool); /* a failed capture may leave it with no graph: it goes */
     gd_gpool_measure(op->pool);
     op->finish_end = gd_now_ns();
 }
@@ -355,8 +379,19 @@ static void capture_prepare_done(gd_job_t *job)
             op->dev_ptrs[i] = NULL;
             continue;
         }
-        /* The executor maps the region itself (its memfd goes with the request). */
-        op->bases[i] = (gd_xbase_t){.fd = pm_region_fd(r), .len = pm_region_mapped_size(r)};
+        /* The executor maps the region itself (its memfd goes with the request): a duplicate,
+         * which stays this region's memfd should the session end and free the region first. */
+        int fd = fcntl(pm_region_fd(r), F_DUPFD_CLOEXEC, 0);
+        if (fd < 0) {
+            char msg[512];
+            snprintf(msg, sizeof msg, "cannot pass the static region of callable %zu: %s", i,
+                     strerror(errno));
+            gd_error("session %llu: %s", (unsigned long long)op->session, msg);
+            capture_unwind(d, op, true);
+            capture_fail(op, GD_RESOURCE_EXHAUSTED, msg);
+            return;
+        }
+        op->bases[i] = (gd_xbase_t){.fd = fd, .len = pm_region_mapped_size(r)};
     }
     op->regions_end = gd_now_ns();
     for (size_t i = 0; i < op->n; i++)
@@ -371,8 +406,10 @@ static void capture_prepare_done(gd_job_t *job)
 static void prepare_on_worker(capture_op_t *op)
 {
     op->rc = gd_rpool_get(op->pool, op->session, op->x, &op->rpool, op->msg, sizeof op->msg);
-    if (op->rc != GR_OK)
+    if (op->rc != GR_OK) {
+        op->rpool = NULL;
         return;
+    }
     op->opts.pool = op->rpool->gp;
     op->rc = gd_exec_capture_prepare(op->x, op->pool->worker->device, op->n, op->specs, &op->opts,
                                      &op->cap);
@@ -407,6 +444,10 @@ static void capture_prepare_run(gd_job_t *job)
     capture_op_t *op = (capture_op_t *)job;
     op->prepare_start = gd_now_ns();
     prepare_on_worker(op);
+    if (op->rc != GR_OK) { /* no later step on the worker: give the runtime pool back here */
+        gd_rpool_put(op->pool, op->rpool);
+        op->rpool = NULL;
+    }
     op->prepare_end = gd_now_ns();
 }
 
@@ -531,6 +572,8 @@ void gd_rpc_capture(void *ctx, gd_call_t *call, const ProtobufCMessage *msg)
         return;
     }
     op->args = args;
+    for (size_t i = 0; i < MAX_CALLABLES; i++)
+        op->bases[i].fd = -1;
     size_t next_arg = 0;
     for (size_t i = 0; i < req->n_callables; i++) {
         const Graphd__V1__Callable *c = req->callables[i];
@@ -568,6 +611,7 @@ void gd_rpc_capture(void *ctx, gd_call_t *call, const ProtobufCMessage *msg)
     op->session = s->id;
     op->job.session = s->id; /* every step in the session's queue (worker.h) */
     op->pool = gp;
+    gp->captures++; /* until capture_op_free: a deleted pool waits for its captures */
     op->t0 = gd_now_ns();
     op->reserved = (uint32_t)op->n;
     s->capturing += op->reserved;

@@ -40,8 +40,9 @@ struct gd_module {
  */
 typedef struct gd_rpool {
     uint64_t session;
-    gd_xpool_t *gp;  /* in the session's executor on the pool's device */
-    uint32_t graphs; /* graphs captured in it and not yet destroyed */
+    gd_xpool_t *gp;    /* in the session's executor on the pool's device */
+    uint32_t graphs;   /* graphs captured in it and not yet destroyed */
+    uint32_t captures; /* captures in flight that hold it (gd_rpool_get to gd_rpool_put) */
     struct gd_rpool *next;
 } gd_rpool_t;
 
@@ -62,6 +63,10 @@ struct gd_gpool {
     gd_rpool_t *rpools; /* per session, created by the worker at the session's first capture */
     gd_borrow_t *borrows;
     uint32_t graphs;
+    /* captures in flight in it (loop-side): a deleted pool's runtime state waits for them too,
+     * since each still uses this struct and its session's runtime pool (a session ending in the
+     * middle of a capture deletes its own pool under it) */
+    uint32_t captures;
     bool deleted;
     gd_hist_t latency;
     /* graph mempool bytes (gr_pool_memory), written by the worker, read by status */
@@ -90,12 +95,18 @@ struct gd_graph {
 
 /* lifetime.c */
 void gd_module_unref(gd_daemon_t *d, gd_module_t *m);
-/* The session's runtime pool in p, created on first use; on p's worker. GR_OK, or an error with
- * its message in msg. */
+/* The session's runtime pool in p, created on first use, held for one capture; on p's worker.
+ * GR_OK, or an error with its message in msg. */
 int gd_rpool_get(gd_gpool_t *p, uint64_t session, gd_exec_t *x, gd_rpool_t **out, char *msg,
                  size_t len);
+/* The capture that held r is over (its graphs, if any, counted in r->graphs): a runtime pool
+ * left with no graph and no capture goes. On p's worker. */
+void gd_rpool_put(gd_gpool_t *p, gd_rpool_t *r);
 gd_gpool_t *gd_gpool_get(gd_daemon_t *d, const char *name, gd_worker_t *w);
 gd_gpool_t *gd_gpool_find(gd_daemon_t *d, const char *name);
+/* A capture in p is over (on the loop, after its graphs are registered): a deleted pool with no
+ * graph and no capture left is freed. */
+void gd_gpool_capture_done(gd_daemon_t *d, gd_gpool_t *p);
 /* Measures p's graph mempools into the figures status reads; on p's worker. */
 void gd_gpool_measure(gd_gpool_t *p);
 /* The borrowed region of the mempool segment e lies in, for g's session. */

@@ -266,6 +266,7 @@ int gd_rpool_get(gd_gpool_t *p, uint64_t session, gd_exec_t *x, gd_rpool_t **out
     while (r && r->session != session)
         r = r->next;
     if (r != NULL && r->gp != NULL && !gd_exec_pool_lost(r->gp)) {
+        r->captures++;
         *out = r;
         return GR_OK;
     }
@@ -289,23 +290,46 @@ int gd_rpool_get(gd_gpool_t *p, uint64_t session, gd_exec_t *x, gd_rpool_t **out
         r->next = p->rpools;
         p->rpools = r;
     }
+    r->captures++;
     *out = r;
     return GR_OK;
 }
 
-/* A graph of r was destroyed; the last one takes the session's graph mempool with it, unless a
- * capture of the session holds the runtime pool (gr_pool_destroy refuses: GR_EBUSY), in which
- * case it stays for that capture's graphs. On the worker. */
-static void rpool_graph_gone(gd_gpool_t *p, gd_rpool_t *r)
+/* Destroys r when no graph and no capture holds it any more. On the worker. */
+static void rpool_maybe_destroy(gd_gpool_t *p, gd_rpool_t *r)
 {
-    if (r == NULL || --r->graphs > 0 || gd_exec_pool_destroy(r->gp) != GR_OK)
+    if (r->graphs > 0 || r->captures > 0)
         return;
+    int rc = gd_exec_pool_destroy(r->gp);
+    if (rc == GR_EBUSY) /* the executor still has a use of it: it stays */
+        return;
+    if (rc != GR_OK) /* the handle is gone either way */
+        gd_warn("pool %s: session %llu's graph mempool: %s", p->name,
+                (unsigned long long)r->session, gd_exec_last_error());
     gd_rpool_t **pp = &p->rpools;
     while (*pp && *pp != r)
         pp = &(*pp)->next;
     if (*pp)
         *pp = r->next;
     free(r);
+}
+
+/* A graph of r was destroyed; the last one takes the session's graph mempool with it, unless a
+ * capture of the session still holds it (for that capture's graphs). On the worker. */
+static void rpool_graph_gone(gd_gpool_t *p, gd_rpool_t *r)
+{
+    if (r == NULL || r->graphs == 0)
+        return;
+    r->graphs--;
+    rpool_maybe_destroy(p, r);
+}
+
+void gd_rpool_put(gd_gpool_t *p, gd_rpool_t *r)
+{
+    if (r == NULL || r->captures == 0)
+        return;
+    r->captures--;
+    rpool_maybe_destroy(p, r);
 }
 
 gd_gpool_t *gd_gpool_get(gd_daemon_t *d, const char *name, gd_worker_t *w)
@@ -359,7 +383,7 @@ static void gpool_destroy_done(gd_job_t *job)
 
 static void gpool_maybe_free(gd_daemon_t *d, gd_gpool_t *p)
 {
-    if (!p->deleted || p->graphs > 0)
+    if (!p->deleted || p->graphs > 0 || p->captures > 0)
         return;
     gpool_job_t *j = calloc(1, sizeof *j);
     if (j == NULL)
@@ -370,6 +394,13 @@ static void gpool_maybe_free(gd_daemon_t *d, gd_gpool_t *p)
     j->d = d;
     j->pool = p;
     gd_worker_submit(p->worker, &j->job);
+}
+
+void gd_gpool_capture_done(gd_daemon_t *d, gd_gpool_t *p)
+{
+    if (p->captures > 0)
+        p->captures--;
+    gpool_maybe_free(d, p);
 }
 
 void gd_graphs_pool_deleted(gd_daemon_t *d, const char *pool)

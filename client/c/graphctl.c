@@ -30,7 +30,8 @@ static const char usage[] =
     "usage: graphctl [--address ADDR] [--json] COMMAND\n"
     "\n"
     "commands:\n"
-    "  status                          daemon, devices, pools and sessions\n"
+    "  status                          daemon, devices, pools, sessions, graphs,\n"
+    "                                  executors\n"
     "  devices                         devices the daemon serves\n"
     "  pools                           pools and their accounting\n"
     "  pool create NAME [--device DEV] [--limit BYTES] [--mode MODE]\n"
@@ -150,6 +151,8 @@ static void fmt_value(char *out, size_t n, const char *key, const json_t *v, int
     if (starts_with(key, "limit") && d == 0) {
         snprintf(out, n, "none");
         *numeric = 0;
+    } else if (strcmp(key, "pid") == 0 && d == 0) {
+        snprintf(out, n, "-"); /* no process (an executor not running) */
     } else if (ends_with(key, "_unix_ms")) {
         *numeric = 0;
         if (d == 0) {
@@ -263,6 +266,21 @@ static const column_t graph_cols[] = {
     {"region_bytes", "BYTES"},
     {NULL, NULL},
 };
+/* One executor process per (uid, device): PID "-" when it is not running (it starts at that
+ * uid's next call there); KILLED_TIME and KILLED_MEM count kills at max_*_ms and at
+ * max_executor_memory_bytes, DIED ends of its own (a crash in module code). */
+static const column_t executor_cols[] = {
+    {"uid", "UID"},
+    {"device", "DEVICE"},
+    {"pid", "PID"},
+    {"rss_bytes", "RSS"},
+    {"starts", "STARTS"},
+    {"killed_time", "KILLED_TIME"},
+    {"killed_memory", "KILLED_MEM"},
+    {"died", "DIED"},
+    {"sandbox", "SANDBOX"},
+    {NULL, NULL},
+};
 static const column_t config_cols[] = {
     {"name", "NAME"},
     {"value", "VALUE"},
@@ -272,9 +290,9 @@ static const column_t config_cols[] = {
 
 /* Sections with a chosen layout. The "# Daemon" block and any other section are generic. */
 static const section_t sections[] = {
-    {"devices", "Devices", device_cols},    {"pools", "Pools", pool_cols},
-    {"sessions", "Sessions", session_cols}, {"graphs", "Graphs", graph_cols},
-    {"config", "Config", config_cols},
+    {"devices", "Devices", device_cols},       {"pools", "Pools", pool_cols},
+    {"sessions", "Sessions", session_cols},    {"graphs", "Graphs", graph_cols},
+    {"executors", "Executors", executor_cols}, {"config", "Config", config_cols},
 };
 
 /* Fields that only rows of one device kind have: the other rows show "-" (MPS is NVIDIA's). */

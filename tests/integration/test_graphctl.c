@@ -1,7 +1,8 @@
 /*
- * graphctl against a real daemon: status as JSON and as tables, pool
- * create/delete with their exit codes, usage errors, and the one-line
- * failure when the daemon is not there.
+ * graphctl against a real daemon: status as JSON and as tables (the
+ * executors' table too, as root and as a tenant), pool create/delete with
+ * their exit codes, usage errors, and the one-line failure when the daemon
+ * is not there.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -10,7 +11,9 @@
 
 #include <limits.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "../lib/harness.h"
 
@@ -160,6 +163,162 @@ static void pool_create_delete(void **state)
     assert_int_equal(r->status, 0);
 }
 
+/* The lines of section title ("# Executors") in graphctl's table output: *header gets its
+ * header line; the rows follow it up to the blank line. NULL when the section is missing. */
+static char *section_of(const char *out, const char *title, char *header, size_t size)
+{
+    char want[64];
+    snprintf(want, sizeof(want), "%s\n", title);
+    const char *p = strstr(out, want);
+    if (p == NULL)
+        return NULL;
+    p += strlen(want);
+    const char *nl = strchr(p, '\n');
+    if (nl == NULL)
+        return NULL;
+    snprintf(header, size, "%.*s", (int)(nl - p), p);
+    const char *end = strstr(nl, "\n\n");
+    return strndup(nl + 1, end ? (size_t)(end - nl) : strlen(nl + 1));
+}
+
+/* The header line split at runs of spaces must be exactly want (NULL-terminated). */
+static void expect_columns(const char *header, const char *const *want)
+{
+    char copy[512], *save = NULL;
+    snprintf(copy, sizeof(copy), "%s", header);
+    size_t i = 0;
+    for (char *tok = strtok_r(copy, " ", &save); tok; tok = strtok_r(NULL, " ", &save), i++)
+        if (want[i] == NULL || strcmp(tok, want[i]) != 0)
+            fail_msg("executors header '%s': column %zu is '%s', want '%s'", header, i, tok,
+                     want[i] ? want[i] : "(none)");
+    if (want[i] != NULL)
+        fail_msg("executors header '%s': column '%s' is missing", header, want[i]);
+}
+
+/* The row of rows whose first two cells are uid and device; NULL when none. */
+static const char *executor_row(const char *rows, const char *uid, const char *device)
+{
+    static char line[512];
+    for (const char *p = rows; p && *p; p = strchr(p, '\n') ? strchr(p, '\n') + 1 : NULL) {
+        const char *nl = strchr(p, '\n');
+        snprintf(line, sizeof(line), "%.*s", (int)(nl ? nl - p : (long)strlen(p)), p);
+        char a[64] = "", b[64] = "";
+        if (sscanf(line, "%63s %63s", a, b) == 2 && strcmp(a, uid) == 0 && strcmp(b, device) == 0)
+            return line;
+    }
+    return NULL;
+}
+
+/* status_shows_executors' own daemon and models, stopped by its teardown also when it fails. */
+static harness_t exec_h;
+static harness_models_t exec_m;
+
+static int stop_exec_daemon(void **state)
+{
+    (void)state;
+    int rc = harness_stop(&exec_h);
+    harness_models_remove(&exec_m);
+    return rc == 0 ? 0 : -1;
+}
+
+/* graphctl status shows an Executors table (uid, device, pid, rss, starts, kills, deaths,
+ * sandbox): root sees its executor after a capture, with the pid status gives; a tenant sees
+ * none of root's (the header and "(none)"); an executor killed at max_capture_ms shows PID "-"
+ * and KILLED_TIME 1. A daemon of its own: socket open to the tenant, a short capture bound. */
+static void status_shows_executors(void **state)
+{
+    (void)state;
+    static const char *const cols[] = {"UID",         "DEVICE",     "PID",  "RSS",     "STARTS",
+                                       "KILLED_TIME", "KILLED_MEM", "DIED", "SANDBOX", NULL};
+    harness_models_t *m = &exec_m;
+    assert_int_equal(harness_models_make(m), 0);
+    harness_t *h = &exec_h;
+    static const char *const args[] = {"--socket-mode", "0666", "--max-capture-ms", "500", NULL};
+    assert_int_equal(harness_start(h, args), 0);
+    assert_int_equal(chmod(h->dir, 0755), 0);
+
+    graphd_client_t *c = harness_client(h, "exec-ctl");
+    assert_non_null(c);
+    uint64_t mid = harness_models_register(c, m, "mlp.pt");
+    assert_true(mid != 0);
+    graphd_tensor_spec_t arg = {.dtype = GRAPHD_FLOAT32, .ndim = 2, .shape = {16, 16}};
+    graphd_callable_t callable = {mid, NULL, 1, &arg};
+    graphd_capture_opts_t opts;
+    graphd_capture_opts_init(&opts);
+    opts.num_warmup_iters = 0;
+    graphd_graph_t *g = NULL;
+    assert_int_equal(graphd_capture(c, 1, &callable, &opts, &g), GRAPHD_OK);
+
+    run_t *r = graphctl("--address", h->address, "--json", "status");
+    assert_int_equal(r->status, 0);
+    json_t *js = json_loads(r->out, 0, NULL);
+    json_t *ex = harness_find_int(json_object_get(js, "executors"), "uid", 0);
+    assert_non_null(ex);
+    char pid[32];
+    snprintf(pid, sizeof(pid), "%lld", harness_int(ex, "pid"));
+    json_decref(js);
+
+    r = graphctl("--address", h->address, "status");
+    assert_int_equal(r->status, 0);
+    char header[512];
+    char *rows = section_of(r->out, "# Executors", header, sizeof(header));
+    if (rows == NULL)
+        fail_msg("no '# Executors' table in graphctl status:\n%s", r->out);
+    expect_columns(header, cols);
+    const char *row = executor_row(rows, "0", "cpu:0");
+    if (row == NULL)
+        fail_msg("no executor row for uid 0 on cpu:0:\n%s\n%s", header, rows);
+    char cells[9][64] = {{0}};
+    /* RSS is two words ("163.5 MiB"): STARTS is the 6th word, KILLED_TIME the 7th */
+    int n = sscanf(row, "%63s %63s %63s %63s %63s %63s %63s %63s %63s", cells[0], cells[1],
+                   cells[2], cells[3], cells[4], cells[5], cells[6], cells[7], cells[8]);
+    assert_int_equal(n, 9);
+    assert_string_equal(cells[2], pid);
+    assert_true(strcmp(cells[4], "MiB") == 0 || strcmp(cells[4], "GiB") == 0);
+    assert_string_equal(cells[5], "1"); /* starts */
+    assert_string_equal(cells[6], "0"); /* killed_time */
+    assert_non_null(strstr(row, "no_new_privs"));
+    free(rows);
+
+    /* A tenant sees no executor of root's: the table is there, empty. */
+    char path[PATH_MAX + 16], out[65536], err[4096];
+    snprintf(path, sizeof(path), "%s/graphctl", harness_build_dir());
+    const char *argv[] = {"/usr/bin/setpriv", "--reuid=4301", "--regid=4301",
+                          "--clear-groups",   path,           "--address",
+                          h->address,         "status",       NULL};
+    int rc = harness_run(argv, out, sizeof(out), err, sizeof(err), 10000);
+    if (rc != 0)
+        fail_msg("graphctl as uid 4301: exit %d: %s", rc, err);
+    rows = section_of(out, "# Executors", header, sizeof(header));
+    if (rows == NULL)
+        fail_msg("no '# Executors' table for uid 4301:\n%s", out);
+    expect_columns(header, cols);
+    assert_string_equal(rows, "(none)\n");
+    free(rows);
+
+    /* Killed at max_capture_ms: not running (PID "-") and counted. */
+    uint64_t forever = harness_models_register(c, m, "forever.pt");
+    assert_true(forever != 0);
+    graphd_tensor_spec_t arg1 = {.dtype = GRAPHD_FLOAT32, .ndim = 1, .shape = {4}};
+    graphd_callable_t stuck = {forever, NULL, 1, &arg1};
+    graphd_graph_t *g2 = NULL;
+    assert_int_equal(graphd_capture(c, 1, &stuck, &opts, &g2), GRAPHD_EDEADLINE_EXCEEDED);
+    r = graphctl("--address", h->address, "status");
+    assert_int_equal(r->status, 0);
+    rows = section_of(r->out, "# Executors", header, sizeof(header));
+    assert_non_null(rows);
+    row = executor_row(rows, "0", "cpu:0");
+    assert_non_null(row);
+    n = sscanf(row, "%63s %63s %63s %63s %63s %63s %63s", cells[0], cells[1], cells[2], cells[3],
+               cells[4], cells[5], cells[6]);
+    if (n != 7 || strcmp(cells[2], "-") != 0 || strcmp(cells[6], "1") != 0)
+        fail_msg("after the kill, want PID '-' and KILLED_TIME 1:\n%s\n%s", header, rows);
+    free(rows);
+
+    graphd_graph_release(g);
+    graphd_close(c);
+}
+
 static void usage_errors(void **state)
 {
     harness_t *h = *state;
@@ -213,8 +372,11 @@ static void missing_daemon_one_line(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(status_json_lists_cpu),   cmocka_unit_test(status_tables),
-        cmocka_unit_test(pool_create_delete),      cmocka_unit_test(usage_errors),
+        cmocka_unit_test(status_json_lists_cpu),
+        cmocka_unit_test(status_tables),
+        cmocka_unit_test(pool_create_delete),
+        cmocka_unit_test_teardown(status_shows_executors, stop_exec_daemon),
+        cmocka_unit_test(usage_errors),
         cmocka_unit_test(missing_daemon_one_line),
     };
     return cmocka_run_group_tests_name("graphctl", tests, harness_group_setup,
