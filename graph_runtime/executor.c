@@ -1761,6 +1761,11 @@ static int op_seq_destroy(gx_rbuf_t *r, msg_t *m, gx_wbuf_t *out)
     pthread_mutex_unlock(&X.seq_lock);
     if (s == NULL)
         return not_found(&X.seqs, id);
+    /* End every wait on them first. The daemon sends SEQ_RELEASE on the urgent socket before it
+     * queues this, but the urgent thread may not have run it yet: a stream still waiting for a
+     * dead client's ready would never end, and freeing the counters (which synchronizes) would
+     * wait for it for ever. */
+    (void)gr_seq_release(s);
     gr_seq_destroy(s);
     sess_forget(id, true);
     return GR_OK;
