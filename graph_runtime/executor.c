@@ -1130,7 +1130,8 @@ static bool conn_answer(conn_t *c, uint16_t type, uint64_t seq, uint64_t id, uin
                         .msg_len = (uint32_t)n};
     uint8_t raw[GRAPHD_FRAME_SIZE + GRAPHD_FRAME_MAX_MSG];
     graphd_frame_encode(&f, raw);
-    memcpy(raw + GRAPHD_FRAME_SIZE, msg, n);
+    if (n)
+        memcpy(raw + GRAPHD_FRAME_SIZE, msg, n);
     if (!conn_queue(c, raw, GRAPHD_FRAME_SIZE + n)) {
         atomic_fetch_add(&X.state->dropped_conns, 1);
         fprintf(stderr,
