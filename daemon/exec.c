@@ -669,6 +669,10 @@ static int start(gd_exec_t *x)
     x->live = true;
     x->kill_desc[0] = 0;
     pthread_mutex_unlock(&h->mu);
+    /* Releases queued for the old process since it was reaped name its ids, not this one's. */
+    pthread_mutex_lock(&x->pending_mu);
+    x->npending = 0;
+    pthread_mutex_unlock(&x->pending_mu);
     pthread_mutex_lock(&x->urgent_mu);
     x->urgent = ur[0];
     pthread_mutex_unlock(&x->urgent_mu);

@@ -17,6 +17,7 @@
 #include <dirent.h>
 #include <grp.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -189,8 +190,22 @@ static void set_input(graphd_graph_t *g, size_t i, float v)
     free(t);
 }
 
+/* Whether the daemon's log holds needle. */
+static bool log_has(const harness_t *h, const char *needle)
+{
+    FILE *f = fopen(h->log_path, "r");
+    assert_non_null(f);
+    char line[4096];
+    bool found = false;
+    while (!found && fgets(line, sizeof line, f))
+        found = strstr(line, needle) != NULL;
+    fclose(f);
+    return found;
+}
+
 /* A replay that does not return is killed at max_replay_ms; that graph is gone (ABORTED, capture
- * again), a new capture works, and the other uid's replays go on. */
+ * again), a new capture works, and the other uid's replays go on. A module released while the
+ * executor is down is not released again in the next one (whose ids are its own). */
 static void stuck_replay_is_killed_at_the_bound(void **state)
 {
     harness_fixture_t *f = *state;
@@ -200,6 +215,8 @@ static void stuck_replay_is_killed_at_the_bound(void **state)
     assert_non_null(c);
     uint64_t mid = harness_models_register(c, &f->m, "stall.pt");
     assert_true(mid != 0);
+    uint64_t other = harness_models_register(c, &f->m, "mlp.pt");
+    assert_true(other != 0);
     graphd_graph_t *g = NULL;
     assert_int_equal(capture(c, mid, 1, 4, 0, &g), GRAPHD_OK);
     set_input(g, 0, 1e15f); /* loops "for ever" */
@@ -215,12 +232,19 @@ static void stuck_replay_is_killed_at_the_bound(void **state)
     rc = graphd_replay(g, GRAPHD_PHASE_FORWARD, NULL);
     assert_int_equal(rc, GRAPHD_EABORTED);
     assert_non_null(strstr(graphd_last_error(c), "capture again"));
+    /* Through the worker: the daemon reaps the killed executor here. */
+    assert_int_equal(graphd_replay_rpc(g, GRAPHD_PHASE_FORWARD, NULL), GRAPHD_EABORTED);
+    assert_int_equal(graphd_module_release(c, other), GRAPHD_OK);
     graphd_graph_release(g);
     assert_int_equal(capture(c, mid, 1, 4, 0, &g), GRAPHD_OK);
     set_input(g, 0, 3.0f);
     set_input(g, 1, 1.0f);
     assert_int_equal(graphd_replay(g, GRAPHD_PHASE_FORWARD, NULL), GRAPHD_OK);
+    assert_int_equal(graphd_replay_rpc(g, GRAPHD_PHASE_FORWARD, NULL), GRAPHD_OK);
     graphd_graph_release(g);
+    if (log_has(&f->h, "releasing modules in the executor"))
+        fail_msg("a module released while its executor was down was released again in the next "
+                 "one");
     graphd_close(c);
     bystander_finish(&b, "a stuck replay", 1000);
 }
