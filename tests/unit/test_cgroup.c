@@ -12,8 +12,11 @@
 #include <cmocka.h>
 
 #include "cgroup.h"
+#include "exec.h"
+#include "runtime.h"
 
 #include <errno.h>
+#include <signal.h>
 #include <ftw.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,9 +28,9 @@
 #define PID 1234
 
 static struct {
-    char root[64];      /* the stand-in for /sys/fs/cgroup */
-    char own[128];      /* root/graphd.service: the daemon's cgroup */
-    char self[128];     /* stands in for /proc/self/cgroup */
+    char root[64];  /* the stand-in for /sys/fs/cgroup */
+    char own[128];  /* root/graphd.service: the daemon's cgroup */
+    char self[128]; /* stands in for /proc/self/cgroup */
     char removed[8][256];
     size_t nremoved;
 } G;
@@ -307,6 +310,119 @@ static void delegated(void **state)
     assert_false(was_removed("daemon")); /* the daemon is still in it */
 }
 
+/* The executor binary: $BUILD/graphd-executor, else beside this test's build directory. */
+static void executor_path(char *buf, size_t len)
+{
+    const char *build = getenv("BUILD");
+    if (build && *build) {
+        snprintf(buf, len, "%s/graphd-executor", build);
+        return;
+    }
+    char self[2048];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    self[n > 0 ? n : 0] = 0;
+    for (int up = 0; up < 3; up++) { /* build/tests/unit/test_cgroup => build */
+        char *slash = strrchr(self, '/');
+        if (slash)
+            *slash = 0;
+    }
+    snprintf(buf, len, "%s/graphd-executor", self);
+}
+
+/* Whether pid has exited (a zombie: exec.c reaps it). */
+static bool exited(int pid)
+{
+    char path[64], text[256];
+    snprintf(path, sizeof path, "/proc/%d/stat", pid);
+    FILE *f = fopen(path, "r");
+    if (f == NULL)
+        return true;
+    size_t n = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[n] = 0;
+    const char *p = strrchr(text, ')');
+    return p && p[1] == ' ' && p[2] == 'Z';
+}
+
+/* exec.c with a (stand-in) cgroup: the executor's pid goes into its cgroup, a reload rewrites
+ * memory.max, and an executor the kernel killed there (memory.events oom_kill went up) is
+ * reported like the watchdog's kill: GR_ENOMEM naming max_executor_memory_bytes, counted in
+ * killed_memory; its cgroup goes when it is reaped. */
+static void executor_killed_in_its_cgroup(void **state)
+{
+    (void)state;
+    char exe[2100];
+    executor_path(exe, sizeof exe);
+    if (access(exe, X_OK) != 0)
+        fail_msg("no executor at %s (make all first)", exe);
+    gd_cgroup_t *cg = open_fake(NULL);
+    assert_true(gd_cgroup_on(cg));
+    gd_exec_opts_t o = {.path = exe,
+                        .capture_ms = 60000,
+                        .cpu_devices = 1,
+                        .max_unpacked = 1ull << 30,
+                        .call_memory = 1ull << 30,
+                        .reply_max = 1 << 20,
+                        .sandbox = true,
+                        .cgroup = cg};
+    gd_exec_host_t *h = NULL;
+    assert_int_equal(gd_exec_host_create(&o, &h), 0);
+    gd_exec_host_bounds(h, 0, 60000, 60000, 3000000000ull);
+    gd_exec_t *x = gd_exec_get(h, 1000, "cpu:0");
+    assert_non_null(x);
+    gd_xpool_t *p = NULL;
+    if (gd_exec_pool_create(x, "cpu:0", &p) != GR_OK)
+        fail_msg("pool: %s", gd_exec_last_error());
+    char dir[256];
+    snprintf(dir, sizeof dir, "%s/exec-1000-cpu-0", G.own);
+    gd_exec_info_t info;
+    assert_int_equal(gd_exec_host_list(h, &info, 1), 1);
+    assert_true(info.pid > 0);
+    char pid[24];
+    snprintf(pid, sizeof pid, "%d\n", info.pid);
+    assert_string_equal(get(dir, "cgroup.procs"), pid);
+    assert_string_equal(get(dir, "memory.max"), "3000000000\n");
+    if (strstr(info.sandbox, "memory: cgroup memory.max") == NULL)
+        fail_msg("status: %s", info.sandbox);
+    gd_exec_host_bounds(h, 0, 60000, 60000, 2000000000ull); /* SIGHUP */
+    assert_string_equal(get(dir, "memory.max"), "2000000000\n");
+
+    /* The kernel's OOM kill, as the cgroup shows it. */
+    int rc = 0;
+    put(dir, "memory.events", "low 0\nhigh 0\nmax 7\noom 1\noom_kill 1\noom_group_kill 0\n");
+    kill(info.pid, SIGKILL);
+    for (int i = 0; i < 500 && !exited(info.pid); i++)
+        usleep(10000);
+    /* The next call finds it gone and starts another, or (its exit not yet seen) fails with
+     * the loss itself; the one after that gets a fresh process. */
+    gd_xpool_t *p2 = NULL;
+    rc = gd_exec_pool_create(x, "cpu:0", &p2);
+    if (rc != GR_OK) {
+        assert_int_equal(rc, GR_ENOMEM);
+        if (strstr(gd_exec_last_error(), "max_executor_memory_bytes (2000000000)") == NULL)
+            fail_msg("pool after the kill: %s", gd_exec_last_error());
+        if ((rc = gd_exec_pool_create(x, "cpu:0", &p2)) != GR_OK)
+            fail_msg("pool after the loss: %s", gd_exec_last_error());
+    }
+    assert_true(gd_exec_pool_lost(p));
+    char msg[1024];
+    assert_true(gd_exec_lost(x, 1 /* the first process */, &rc, msg, sizeof msg));
+    assert_int_equal(rc, GR_ENOMEM);
+    if (strstr(msg, "max_executor_memory_bytes (2000000000)") == NULL)
+        fail_msg("the loss says: %s", msg);
+    assert_int_equal(gd_exec_host_list(h, &info, 1), 1);
+    assert_int_equal(info.killed_memory, 1);
+    assert_int_equal(info.died, 0);
+    assert_true(was_removed("exec-1000-cpu-0")); /* reaped, then made again for the new one */
+    snprintf(pid, sizeof pid, "%d\n", info.pid);
+    assert_string_equal(get(dir, "cgroup.procs"), pid);
+
+    gd_exec_pool_destroy(p2);
+    gd_exec_pool_destroy(p);
+    gd_exec_host_destroy(h, 5000);
+    gd_cgroup_close(cg);
+}
+
 /* The cgroup2 entry need not come first (hybrid layouts list v1 hierarchies too). */
 static void v2_entry_among_others(void **state)
 {
@@ -339,6 +455,7 @@ int main(void)
         T(off_when_the_controller_cannot_be_enabled),
         T(delegated),
         T(v2_entry_among_others),
+        T(executor_killed_in_its_cgroup),
         T(null_is_off),
     };
 #undef T
