@@ -88,8 +88,7 @@ static bool has_word(const char *list, const char *word)
     return false;
 }
 
-__attribute__((format(printf, 2, 3))) static gd_cgroup_t *off(gd_cgroup_t *cg, const char *fmt,
-                                                              ...)
+__attribute__((format(printf, 2, 3))) static gd_cgroup_t *off(gd_cgroup_t *cg, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
@@ -171,7 +170,8 @@ gd_cgroup_t *gd_cgroup_open(const gd_cgroup_opts_t *opts)
     for (size_t i = 0; i < sizeof need / sizeof need[0]; i++) {
         snprintf(file, sizeof file, "%s%s", cg->own, need[i]);
         if (access(file, W_OK) != 0)
-            return off(cg, "not delegated: %s is not writable by the daemon (%s; systemd "
+            return off(cg,
+                       "not delegated: %s is not writable by the daemon (%s; systemd "
                        "Delegate=yes)",
                        file, strerror(errno));
     }
