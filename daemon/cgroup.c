@@ -11,6 +11,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/vfs.h>
+#include <sys/xattr.h>
 #include <unistd.h>
 
 #ifndef CGROUP2_SUPER_MAGIC
@@ -175,6 +176,14 @@ gd_cgroup_t *gd_cgroup_open(const gd_cgroup_opts_t *opts)
                        "Delegate=yes)",
                        file, strerror(errno));
     }
+    bool systemd = opts && opts->systemd ? opts->systemd > 0 : getenv("INVOCATION_ID") != NULL;
+    char mark[8];
+    if (systemd && getxattr(cg->own, "trusted.delegate", mark, sizeof mark) < 0 &&
+        getxattr(cg->own, "user.delegate", mark, sizeof mark) < 0)
+        return off(cg,
+                   "not delegated: systemd runs graphd but %s has no delegation mark (set "
+                   "Delegate=memory in the unit; systemd 251 or later)",
+                   cg->own);
     /* Controllers for children only in a cgroup without processes: the daemon must be alone in
      * it, so that moving itself out empties it. */
     snprintf(file, sizeof file, "%s/cgroup.procs", cg->own);

@@ -24,6 +24,11 @@ typedef struct gd_cgroup_opts {
     bool (*is_cgroup2)(const char *root); /* NULL: statfs magic CGROUP2_SUPER_MAGIC */
     int pid;                              /* the daemon's pid; 0: getpid() */
     int (*remove_dir)(const char *path);  /* NULL: rmdir (a stand-in's files stop rmdir) */
+    /* Whether systemd runs the daemon (0: INVOCATION_ID is set; 1: yes; -1: no). Under systemd
+     * the cgroup must carry its delegation mark (xattr trusted.delegate or user.delegate, set
+     * for Delegate= since systemd 251): root may write any cgroup, and one systemd did not
+     * hand over is systemd's to manage. */
+    int systemd;
 } gd_cgroup_opts_t;
 
 /* Finds whether executors can be put under memory.max, and sets the daemon's cgroup up for it
