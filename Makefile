@@ -160,6 +160,7 @@ $(BUILD)/tests/unit/%: $(BUILD)/obj/tests/unit/%.o $(LIBGD) $(LIBGR) $(LIBPM) $(
 	$(call say,LINK,$@)$(CXX) $(LDFLAGS_ALL) -o $@ $^ $(RT_LIBS) $(LDLIBS_ALL) -lcmocka
 # test_executor spawns $(BUILD)/graphd-executor.
 $(BUILD)/tests/unit/test_executor: | $(BUILD)/graphd-executor
+$(BUILD)/tests/unit/test_cgroup: | $(BUILD)/graphd-executor
 
 $(BUILD)/tests/integration/%: $(BUILD)/obj/tests/integration/%.o $(call obj,$(TESTLIB_SRC)) $(SOCLI)
 	@mkdir -p $(dir $@)

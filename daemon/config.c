@@ -86,7 +86,11 @@ const gd_setting_t gd_settings[] = {
      1 * TiB * 64, true,
      "resident memory one executor (one uid on one device) may hold; past it the watchdog "
      "kills it and its call fails with RESOURCE_EXHAUSTED (0: three quarters of the machine's "
-     "memory)"},
+     "memory); also its cgroup's memory.max where executor_cgroup applies"},
+    {"executor_cgroup", GD_CFG_UINT, FIELD(executor_cgroup), "1", 0, 1, false,
+     "1: where the daemon has a delegated cgroup v2 (systemd Delegate=yes), each executor gets "
+     "a child cgroup with memory.max = max_executor_memory_bytes, and the kernel kills it past "
+     "that (RESOURCE_EXHAUSTED); 0: the RSS watchdog only (it runs either way)"},
     {"cpu_devices", GD_CFG_UINT, FIELD(cpu_devices), "1", 1, 8, false,
      "logical CPU devices cpu:0..cpu:N-1, each with its own worker thread and pools (a split of "
      "the queues, not of the cores: all share the host's cores and libtorch's intra-op "

@@ -42,6 +42,7 @@ typedef struct gd_config {
     uint64_t max_capture_ms;
     uint64_t max_replay_ms;
     uint64_t max_executor_memory_bytes;
+    uint64_t executor_cgroup;
     uint64_t cpu_devices;
     uint64_t intra_op_threads;
     uint64_t worker_spin_us;

@@ -76,6 +76,7 @@ typedef struct gd_daemon {
 
     struct gd_exec_host *exec; /* the executors that run module code (exec.h) */
     uv_timer_t exec_watch;     /* their memory watchdog */
+    struct gd_cgroup *cgroup;  /* their memory.max (cgroup.h); NULL: executor_cgroup = 0 */
 
     gd_graph_t *graphs;   /* every live graph */
     gd_module_t *modules; /* every session's module handles */

@@ -1,5 +1,6 @@
 /* Executors, the daemon's side: processes per (uid, device), their channel, bounds and objects. */
 #include "exec.h"
+#include "cgroup.h"
 #include "exec_proto.h"
 #include "daemon.h"
 #include "log.h"
@@ -54,6 +55,10 @@ struct gd_exec {
     char lost_msg[1024];
     gx_wbuf_t rbuf; /* the last reply's payload */
     char sandbox[160];
+    /* Under memory.max in its cgroup (cgroup.h), the oom_kill count there when it started, and
+     * whether the kernel killed the last process for memory (seen when reaped). */
+    bool in_cgroup, cgroup_oom;
+    uint64_t cgroup_ooms;
     uint32_t starts, killed_time, killed_memory, died;
     /* Remote module ids to release at the next call (gd_exec_module_release never blocks). */
     pthread_mutex_t pending_mu;
@@ -175,6 +180,7 @@ void gd_exec_host_bounds(gd_exec_host_t *h, uint64_t load_ms, uint64_t capture_m
     h->o.capture_ms = capture_ms;
     h->o.replay_ms = replay_ms;
     h->o.memory_bytes = memory_bytes;
+    gd_cgroup_set_max(h->o.cgroup, memory_bytes);
     pthread_mutex_unlock(&h->mu);
 }
 
@@ -243,6 +249,12 @@ static void reap(gd_exec_t *x, int *status)
     x->pidfd = -1;
     x->pid = 0;
     x->live = false;
+    if (x->in_cgroup) { /* emptied by the reap */
+        gd_cgroup_t *cg = x->host->o.cgroup;
+        x->cgroup_oom = gd_cgroup_exec_ooms(cg, x->uid, x->device) > x->cgroup_ooms;
+        gd_cgroup_exec_remove(cg, x->uid, x->device);
+        x->in_cgroup = false;
+    }
     pthread_mutex_unlock(&x->host->mu);
     pthread_mutex_lock(&x->urgent_mu);
     if (x->urgent >= 0)
@@ -383,7 +395,16 @@ size_t gd_exec_host_list(gd_exec_host_t *h, gd_exec_info_t *items, size_t max)
         e->killed_time = x->killed_time;
         e->killed_memory = x->killed_memory;
         e->died = x->died;
-        snprintf(e->sandbox, sizeof e->sandbox, "%s", x->sandbox);
+        if (x->sandbox[0] && x->in_cgroup)
+            snprintf(e->sandbox, sizeof e->sandbox,
+                     "%s; memory: cgroup memory.max and the RSS "
+                     "watchdog",
+                     x->sandbox);
+        else if (x->sandbox[0])
+            snprintf(e->sandbox, sizeof e->sandbox, "%s; memory: RSS watchdog only (cgroup: %s)",
+                     x->sandbox,
+                     gd_cgroup_on(h->o.cgroup) ? "could not be set up, see the log"
+                                               : gd_cgroup_why(h->o.cgroup));
     }
     pthread_mutex_unlock(&h->mu);
     return n;
@@ -543,6 +564,14 @@ static int lose(gd_exec_t *x, uint32_t op, const char *how, uint64_t bound_ms,
     describe_status(st, what, sizeof what);
     pthread_mutex_lock(&x->host->mu);
     uint64_t mem = x->host->o.memory_bytes;
+    if (x->cgroup_oom && (reason == KILL_NONE || reason == KILL_MEMORY)) {
+        if (reason == KILL_NONE)
+            gd_warn("executor of uid %u on %s (pid %d) was killed by the kernel's OOM killer "
+                    "in its cgroup (memory.max = max_executor_memory_bytes, %llu)",
+                    (unsigned)x->uid, x->device, pid, (unsigned long long)mem);
+        reason = KILL_MEMORY;
+    }
+    x->cgroup_oom = false;
     if (reason == KILL_TIME)
         x->killed_time++;
     else if (reason == KILL_MEMORY)
@@ -605,6 +634,10 @@ static int start(gd_exec_t *x)
     }
     pthread_mutex_lock(&h->mu);
     gd_exec_opts_t o = h->o;
+    /* Under h->mu: a SIGHUP's new memory.max reaches this cgroup too. */
+    bool cgroup =
+        gd_cgroup_on(o.cgroup) &&
+        gd_cgroup_exec_make(o.cgroup, x->uid, x->device, o.memory_bytes, &x->cgroup_ooms) == 0;
     pthread_mutex_unlock(&h->mu);
     char threads[24], cpus[24], unpacked[24], callmem[24], replymax[24], spinus[24];
     snprintf(threads, sizeof threads, "%d", o.intra_op_threads);
@@ -659,8 +692,13 @@ static int start(gd_exec_t *x)
         close(ur[0]);
         return fail(GR_EINTERNAL, "cannot start the executor %s: %s", h->path, strerror(rc));
     }
+    /* Into its cgroup before it is sent anything: it loads module code only when asked. What
+     * it allocated before the move stays charged to the daemon's cgroup (libtorch's start). */
+    if (cgroup)
+        cgroup = gd_cgroup_exec_enter(o.cgroup, x->uid, x->device, pid) == 0;
     int pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
     pthread_mutex_lock(&h->mu);
+    x->in_cgroup = cgroup;
     x->pid = pid;
     x->pidfd = pidfd;
     x->sock = ch[0];

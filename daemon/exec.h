@@ -40,6 +40,9 @@ typedef struct gd_exec_opts {
     bool spin;               /* poll for answers briefly before sleeping (4 CPUs or more) */
     uint64_t replay_spin_us; /* with spin: an executor polls this long after a device replay */
     uint64_t reply_max;      /* bytes of answers a direct connection may leave unread */
+    /* [optional] memory.max per executor where it is on (cgroup.h); not owned. The RSS
+     * watchdog runs either way. */
+    struct gd_cgroup *cgroup;
 } gd_exec_opts_t;
 
 /* What status shows of one executor. */
@@ -50,7 +53,7 @@ typedef struct gd_exec_info {
     uint64_t rss;    /* bytes, as the watchdog last read it */
     uint32_t starts; /* processes started for it */
     uint32_t killed_time, killed_memory, died;
-    char sandbox[160]; /* "landlock ABI 7, seccomp" or what is off */
+    char sandbox[512]; /* "landlock ABI 7, seccomp" or what is off; then its memory bound */
 } gd_exec_info_t;
 
 /* opts is copied. 0 or -1 (logged). */

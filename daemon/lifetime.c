@@ -24,6 +24,7 @@
  * the graph's destroy) already queued there, so no graph ever runs on freed
  * memory.
  */
+#include "cgroup.h"
 #include "graphs.h"
 #include "graphd.pb-c.h"
 #include "log.h"
@@ -151,6 +152,9 @@ int gd_graphs_start(gd_daemon_t *d)
         .replay_spin_us = d->cfg.replay_spin_us,
         .reply_max = d->cfg.reply_buffer_max_bytes,
     };
+    if (d->cfg.executor_cgroup && (d->cgroup = gd_cgroup_open(NULL)) == NULL)
+        return -1;
+    o.cgroup = d->cgroup;
     if (gd_exec_host_create(&o, &d->exec) != 0)
         return -1;
     exec_bounds(d);
@@ -243,6 +247,8 @@ void gd_graphs_stop(gd_daemon_t *d)
         gd_exec_host_destroy(d->exec, wait_ms);
         d->exec = NULL;
     }
+    gd_cgroup_close(d->cgroup); /* after the executors: their cgroups are empty now */
+    d->cgroup = NULL;
 }
 
 /* Destroys every runtime pool of p (its graphs are gone); on p's worker, or after it stopped. */

@@ -3,6 +3,7 @@
  * config, starts the gRPC server and the session socket, and runs the libuv
  * loop until SIGTERM/SIGINT have drained the in-flight calls.
  */
+#include "cgroup.h"
 #include "daemon.h"
 #include "log.h"
 #include "runtime.h"
@@ -262,14 +263,24 @@ static int start(gd_daemon_t *d)
     else
         snprintf(landlock, sizeof landlock, "NO Landlock (the kernel has none: %s)",
                  strerror(errno));
+    char memory[2600];
+    if (gd_cgroup_on(d->cgroup))
+        snprintf(memory, sizeof memory,
+                 "memory bound max_executor_memory_bytes by cgroup v2 (%s) and the RSS watchdog",
+                 gd_cgroup_why(d->cgroup));
+    else
+        snprintf(memory, sizeof memory,
+                 "memory bound max_executor_memory_bytes by the RSS watchdog only (cgroup "
+                 "memory.max off: %s)",
+                 gd_cgroup_why(d->cgroup));
     if (d->cfg.executor_sandbox)
         gd_info("isolation: executors per uid and device, with no_new_privs, seccomp and %s; "
-                "time bounds max_load_ms/max_capture_ms/max_replay_ms; memory bound by RSS "
-                "watchdog (no cgroup v2 delegation used); docs/SECURITY.md",
-                landlock);
+                "time bounds max_load_ms/max_capture_ms/max_replay_ms; %s; docs/SECURITY.md",
+                landlock, memory);
     else
         gd_warn("isolation: executors per uid and device WITHOUT Landlock or seccomp "
-                "(executor_sandbox = 0): module code can read what the daemon's user can");
+                "(executor_sandbox = 0): module code can read what the daemon's user can; %s",
+                memory);
     return 0;
 }
 
