@@ -1496,7 +1496,10 @@ bool gd_exec_lost(gd_exec_t *x, uint64_t gen, int *rc, char *msg, size_t len)
                  "%s: the executor of uid %u on %s was killed, and that uid's graphs on %s are "
                  "gone; capture them again",
                  x->kill_desc, (unsigned)x->uid, x->device, x->device);
-    } else if (reason == KILL_MEMORY) {
+    } else if (reason == KILL_MEMORY ||
+               (x->in_cgroup && x->pidfd >= 0 && poll(&p, 1, 0) > 0 &&
+                gd_cgroup_exec_ooms(x->host->o.cgroup, x->uid, x->device) > x->cgroup_ooms)) {
+        /* The watchdog's kill, or the kernel's in the executor's cgroup (memory.max). */
         *rc = GR_ENOMEM;
         snprintf(msg, len,
                  "the executor of uid %u on %s used more than max_executor_memory_bytes (%llu) "

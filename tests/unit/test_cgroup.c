@@ -421,6 +421,14 @@ static void executor_killed_in_its_cgroup(void **state)
     kill(info.pid, SIGKILL);
     for (int i = 0; i < 500 && !exited(info.pid); i++)
         usleep(10000);
+    /* Before any call (as a direct replay's client asks): the loss is already the bound's, once
+     * the whole process is gone (its pidfd readable, which can follow the leader's zombie). */
+    char early[1024];
+    bool lost_early = false;
+    for (int i = 0; i < 500 && !(lost_early = gd_exec_lost(x, 1, &rc, early, sizeof early)); i++)
+        usleep(10000);
+    assert_true(lost_early);
+    assert_int_equal(rc, GR_ENOMEM);
     /* The next call finds it gone and starts another, or (its exit not yet seen) fails with
      * the loss itself; the one after that gets a fresh process. */
     gd_xpool_t *p2 = NULL;
