@@ -51,24 +51,8 @@ static void start(fixture_t *f, const char *const *args)
 static void capture(graphd_client_t *c, const fixture_t *f, const char *model, int64_t rows,
                     int64_t cols, harness_graph_t *out)
 {
-    uint64_t mid = harness_models_register(c, &f->m, model);
-    if (mid == 0)
-        fail_msg("cannot register %s", model);
-    graphd_tensor_spec_t arg;
-    memset(&arg, 0, sizeof arg);
-    arg.dtype = GRAPHD_FLOAT32;
-    arg.ndim = 2;
-    arg.shape[0] = rows;
-    arg.shape[1] = cols;
-    graphd_callable_t callable = {mid, NULL, 1, &arg};
-    graphd_capture_opts_t opts;
-    graphd_capture_opts_init(&opts);
-    opts.num_warmup_iters = 0;
-    graphd_graph_t *g = NULL;
-    int rc = graphd_capture(c, 1, &callable, &opts, &g);
-    if (rc != GRAPHD_OK)
-        fail_msg("capture %s: %s: %s", model, graphd_err_name(rc), graphd_last_error(c));
-    assert_int_equal(harness_graph_load(out, c, g), 0);
+    if (harness_capture_matrix(c, &f->m, model, rows, cols, out) != 0)
+        fail_msg("cannot capture %s", model);
 }
 
 /* One FORWARD replay through libgraphd; its round trip in ns. */

@@ -141,6 +141,10 @@ typedef struct harness_graph {
     size_t n;
 } harness_graph_t;
 
+/* Registers model and captures it for c with one [rows, cols] float32 input and no warm-up, into
+ * out (harness_graph_load). 0, or -1 with a message on stderr. */
+int harness_capture_matrix(graphd_client_t *c, const harness_models_t *m, const char *model,
+                           int64_t rows, int64_t cols, harness_graph_t *out);
 /* Reads the tensors of c's graph g into hg (two-call graphd_graph_tensors). 0, or -1. */
 int harness_graph_load(harness_graph_t *hg, graphd_client_t *c, graphd_graph_t *g);
 /* Releases the graph (graphd_graph_release) and frees the copy; returns the release's code. */

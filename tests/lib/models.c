@@ -208,6 +208,32 @@ uint64_t harness_models_register(graphd_client_t *c, const harness_models_t *m, 
     return id;
 }
 
+int harness_capture_matrix(graphd_client_t *c, const harness_models_t *m, const char *model,
+                           int64_t rows, int64_t cols, harness_graph_t *out)
+{
+    uint64_t mid = harness_models_register(c, m, model);
+    if (mid == 0)
+        return -1;
+    graphd_tensor_spec_t arg;
+    memset(&arg, 0, sizeof arg);
+    arg.dtype = GRAPHD_FLOAT32;
+    arg.ndim = 2;
+    arg.shape[0] = rows;
+    arg.shape[1] = cols;
+    graphd_callable_t callable = {mid, NULL, 1, &arg};
+    graphd_capture_opts_t opts;
+    graphd_capture_opts_init(&opts);
+    opts.num_warmup_iters = 0;
+    graphd_graph_t *g = NULL;
+    int rc = graphd_capture(c, 1, &callable, &opts, &g);
+    if (rc != GRAPHD_OK) {
+        fprintf(stderr, "harness: capture %s: %s: %s\n", model, graphd_err_name(rc),
+                graphd_last_error(c));
+        return -1;
+    }
+    return harness_graph_load(out, c, g);
+}
+
 int harness_graph_load(harness_graph_t *hg, graphd_client_t *c, graphd_graph_t *g)
 {
     memset(hg, 0, sizeof(*hg));
