@@ -57,26 +57,6 @@ static void fill_input(const harness_graph_t *g, float seed)
         p[i] = seed + 0.01f * (float)(i % 97);
 }
 
-static json_t *graph_status(graphd_client_t *c, uint64_t id)
-{
-    json_t *st = harness_status(c);
-    assert_non_null(st);
-    json_t *g = harness_find_int(json_object_get(st, "graphs"), "id", id);
-    if (g)
-        json_incref(g);
-    json_decref(st);
-    return g;
-}
-
-static long long daemon_counter(graphd_client_t *c, const char *key)
-{
-    json_t *st = harness_status(c);
-    assert_non_null(st);
-    long long v = harness_int(json_object_get(st, "daemon"), key);
-    json_decref(st);
-    return v;
-}
-
 /* One answer on a replay connection: the frame and its message. */
 static void recv_answer(int fd, graphd_frame_t *f, char *msg, size_t size)
 {
@@ -148,7 +128,7 @@ static void both_paths_give_the_same_bits_and_are_counted(void **state)
     assert_int_equal(graphd_replay(b.g, 7, NULL), GRAPHD_EINVALID_ARGUMENT);
     harness_graph_t *gs[] = {&a, &b};
     for (int k = 0; k < 2; k++) {
-        json_t *g = graph_status(direct, graphd_graph_id(gs[k]->g));
+        json_t *g = harness_status_entry(direct, "graphs", graphd_graph_id(gs[k]->g));
         assert_non_null(g);
         assert_int_equal(harness_int(g, "replays_forward"), 5);
         assert_int_equal(harness_int(g, "replay_errors"), 0); /* refused, not run */
@@ -255,7 +235,7 @@ static void a_dead_clients_queued_replays_are_dropped(void **state)
     char msg[GRAPHD_FRAME_MAX_MSG + 1];
     int conn = dp_direct(fa, 9101, graphd_graph_id(ga.g), GRAPHD_DIRECT_RENEW, &r, msg, sizeof msg);
     assert_true(conn >= 0);
-    long long before = daemon_counter(b, "replays_dropped");
+    long long before = harness_daemon_counter(b, "replays_dropped");
     size_t sent = flood(conn, graphd_graph_id(ga.g), 20000);
     print_message("%zu slow replays (%.2f ms each) went into the connection before it was full\n",
                   sent, slow / 1e6);
@@ -282,7 +262,7 @@ static void a_dead_clients_queued_replays_are_dropped(void **state)
     double next = (double)(now_ns() - t0) / 1e6;
     long long dropped = 0;
     while (now_ns() - t0 < 2000000000u) {
-        dropped = daemon_counter(b, "replays_dropped") - before;
+        dropped = harness_daemon_counter(b, "replays_dropped") - before;
         if (dropped > 0)
             break;
         usleep(10000);
@@ -314,7 +294,7 @@ static void a_client_that_never_reads_is_disconnected(void **state)
     char msg[GRAPHD_FRAME_MAX_MSG + 1];
     int conn = dp_direct(fa, 9201, graphd_graph_id(ga.g), GRAPHD_DIRECT_RENEW, &r, msg, sizeof msg);
     assert_true(conn >= 0);
-    long long before = daemon_counter(b, "clients_disconnected");
+    long long before = harness_daemon_counter(b, "clients_disconnected");
     int64_t deadline = harness_now_ms() + 20000;
     size_t sent = 0, replays = 0;
     long long gone = 0;
@@ -322,7 +302,7 @@ static void a_client_that_never_reads_is_disconnected(void **state)
         sent += flood(conn, graphd_graph_id(ga.g), 2000);
         assert_int_equal(graphd_replay(gb.g, GRAPHD_PHASE_FORWARD, NULL), GRAPHD_OK);
         replays++;
-        gone = daemon_counter(b, "clients_disconnected") - before;
+        gone = harness_daemon_counter(b, "clients_disconnected") - before;
         usleep(5000);
     }
     print_message("the never-reading connection was closed after %zu frames; the other session "

@@ -104,27 +104,6 @@ static size_t flood(int fd, uint64_t id, size_t n)
     return off;
 }
 
-/* The daemon's status: the daemon section's counter key, and whether session id is listed. */
-static long long daemon_counter(graphd_client_t *c, const char *key)
-{
-    json_t *st = harness_status(c);
-    assert_non_null(st);
-    long long v = harness_int(json_object_get(st, "daemon"), key);
-    json_decref(st);
-    return v;
-}
-
-static json_t *session_status(graphd_client_t *c, uint64_t id)
-{
-    json_t *st = harness_status(c);
-    assert_non_null(st);
-    json_t *s = harness_find_int(json_object_get(st, "sessions"), "id", id);
-    if (s)
-        json_incref(s);
-    json_decref(st);
-    return s;
-}
-
 /* ---- a client that never reads ---------------------------------------------------------- */
 
 typedef struct {
@@ -183,7 +162,7 @@ static void a_client_that_never_reads_is_disconnected(void **state)
     /* A's session goes within a few seconds (the daemon works through what A sent first). */
     json_t *s = NULL;
     int64_t deadline = harness_now_ms() + 10000;
-    while ((s = session_status(b, sid)) != NULL && harness_now_ms() < deadline) {
+    while ((s = harness_status_entry(b, "sessions", sid)) != NULL && harness_now_ms() < deadline) {
         json_decref(s);
         usleep(20000);
     }
@@ -204,7 +183,7 @@ static void a_client_that_never_reads_is_disconnected(void **state)
     if (p.worst_ns > 500000000u)
         fail_msg("the reading session paused %.1f ms while the other one did not read",
                  p.worst_ns / 1e6);
-    assert_int_equal(daemon_counter(b, "clients_disconnected"), 1);
+    assert_int_equal(harness_daemon_counter(b, "clients_disconnected"), 1);
     /* The reader still works, and the daemon said why in its log. */
     replay_ns(&gb);
     harness_graph_release(&gb);
@@ -247,7 +226,7 @@ static void a_full_queue_delays_others_by_a_few_jobs_and_is_dropped_at_exit(void
     int64_t deadline = harness_now_ms() + 20000;
     long long queued = 0;
     for (;;) {
-        json_t *s = session_status(b, sid);
+        json_t *s = harness_status_entry(b, "sessions", sid);
         assert_non_null(s);
         queued = harness_int(s, "replays");
         json_decref(s);
@@ -272,12 +251,12 @@ static void a_full_queue_delays_others_by_a_few_jobs_and_is_dropped_at_exit(void
                  worst / 1e6, slow / 1e6);
 
     /* A exits: its session ends and its queued replays go unrun. */
-    long long dropped_before = daemon_counter(b, "replays_dropped");
+    long long dropped_before = harness_daemon_counter(b, "replays_dropped");
     assert_int_equal(dropped_before, 0);
     uint64_t t0 = now_ns();
     shutdown(fd, SHUT_RDWR);
     json_t *s;
-    while ((s = session_status(b, sid)) != NULL) {
+    while ((s = harness_status_entry(b, "sessions", sid)) != NULL) {
         json_decref(s);
         if (now_ns() - t0 > 5000000000u)
             fail_msg("the exited session did not end");
@@ -285,7 +264,7 @@ static void a_full_queue_delays_others_by_a_few_jobs_and_is_dropped_at_exit(void
     }
     replay_ns(&gb);
     uint64_t took = now_ns() - t0;
-    long long dropped = daemon_counter(b, "replays_dropped");
+    long long dropped = harness_daemon_counter(b, "replays_dropped");
     print_message("after the exit: another session's replay completed in %.1f ms; %lld of %d "
                   "queued replays dropped\n",
                   took / 1e6, dropped, QUEUED);

@@ -421,3 +421,23 @@ const double *harness_fixture_ref(const harness_fixture_t *f, const char *key, s
         fail_msg("reference %s missing", key);
     return v;
 }
+
+json_t *harness_status_entry(graphd_client_t *c, const char *section, uint64_t id)
+{
+    json_t *st = harness_status(c);
+    assert_non_null(st);
+    json_t *x = harness_find_int(json_object_get(st, section), "id", id);
+    if (x)
+        json_incref(x);
+    json_decref(st);
+    return x;
+}
+
+long long harness_daemon_counter(graphd_client_t *c, const char *key)
+{
+    json_t *st = harness_status(c);
+    assert_non_null(st);
+    long long v = harness_int(json_object_get(st, "daemon"), key);
+    json_decref(st);
+    return v;
+}

@@ -53,6 +53,11 @@ graphd_client_t *harness_client(const harness_t *h, const char *name);
 
 /* Status as parsed JSON (json_decref it); NULL (and a message) on failure. */
 json_t *harness_status(graphd_client_t *c);
+/* The entry of Status's array section whose "id" is id (a new reference; NULL when not listed).
+ * Fails the running cmocka test when Status fails; so does harness_daemon_counter. */
+json_t *harness_status_entry(graphd_client_t *c, const char *section, uint64_t id);
+/* A counter of Status's daemon section. */
+long long harness_daemon_counter(graphd_client_t *c, const char *key);
 /* The element of array whose member key is the string value (or integer, for *_int). */
 json_t *harness_find(json_t *array, const char *key, const char *value);
 json_t *harness_find_int(json_t *array, const char *key, uint64_t value);
