@@ -24,22 +24,25 @@ static void pool_latency(const gd_daemon_t *d, const gd_gpool_t *gp, gd_hist_t *
         }
 }
 
-/* The graph side of pool's message from gp (NULL: a pool with no graph state yet). */
-static void pool_fill(const gd_daemon_t *d, const gd_gpool_t *gp, Graphd__V1__Pool *pool)
+/* The graph side of pool's message from gp (NULL: a pool with no graph state yet); h gets the
+ * pool's latencies (pool_latency; empty for NULL). */
+static void pool_fill(const gd_daemon_t *d, const gd_gpool_t *gp, Graphd__V1__Pool *pool,
+                      gd_hist_t *h)
 {
+    memset(h, 0, sizeof *h);
     if (gp == NULL)
         return;
-    gd_hist_t h;
-    pool_latency(d, gp, &h);
+    pool_latency(d, gp, h);
     pool->graphs = gp->graphs;
-    pool->replays = gd_hist_count(&h);
+    pool->replays = gd_hist_count(h);
     pool->graph_mempool_reserved_bytes = atomic_load(&gp->mempool_reserved);
     pool->graph_mempool_in_use_bytes = atomic_load(&gp->mempool_in_use);
 }
 
 void gd_graphs_pool_fill(gd_daemon_t *d, Graphd__V1__Pool *pool)
 {
-    pool_fill(d, gd_gpool_find(d, pool->name), pool);
+    gd_hist_t h;
+    pool_fill(d, gd_gpool_find(d, pool->name), pool, &h);
 }
 
 static void fill_latency(Graphd__V1__LatencyStatus *l, const gd_hist_t *h)
@@ -147,13 +150,9 @@ void gd_graphs_status(gd_daemon_t *d, const gd_session_t *viewer, Graphd__V1__St
         Graphd__V1__Pool *pool = rep->pools[p];
         gd_gpool_t *gp = gd_gpool_find(d, pool->name);
         Graphd__V1__LatencyStatus *l = &st->lat[ng + p];
-        pool_fill(d, gp, pool);
         gd_hist_t h;
-        if (gp) {
-            pool_latency(d, gp, &h);
-            fill_latency(l, &h);
-        } else
-            graphd__v1__latency_status__init(l);
+        pool_fill(d, gp, pool, &h);
+        fill_latency(l, &h); /* all zero for a pool with no graph state */
         pool->latency = l;
     }
     for (size_t k = 0; k < rep->n_sessions; k++) {
