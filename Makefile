@@ -75,7 +75,8 @@ CLI_SRC    := $(filter-out client/c/graphctl.c,$(wildcard client/c/*.c))
 UNIT_SRC   := $(wildcard tests/unit/test_*.c)
 INTEG_SRC  := $(wildcard tests/integration/test_*.c)
 TESTLIB_SRC:= $(wildcard tests/lib/*.c)
-BENCH_SRC  := $(wildcard bench/*.c)
+# bench/eacces_log.c is an LD_PRELOAD probe (bench/exec_probe.py), a shared object of its own.
+BENCH_SRC  := $(filter-out bench/eacces_log.c,$(wildcard bench/*.c))
 
 obj = $(patsubst %.c,$(BUILD)/obj/%.o,$(filter %.c,$(1))) $(patsubst %.cpp,$(BUILD)/obj/%.o,$(filter %.cpp,$(1)))
 
@@ -93,7 +94,8 @@ BENCH_BIN := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
 RT_LIBS := $(if $(GR_CXXSRC),$(TORCH_LIBS) -lstdc++)
 
 .PHONY: all deps test unit integration python-test asan demo install format lint bench clean help
-all: $(BUILD)/graphd $(BUILD)/graphd-executor $(SOCLI) $(BUILD)/graphctl $(UNIT_BIN) $(INTEG_BIN) $(BENCH_BIN)
+all: $(BUILD)/graphd $(BUILD)/graphd-executor $(SOCLI) $(BUILD)/graphctl $(UNIT_BIN) $(INTEG_BIN) $(BENCH_BIN) \
+     $(BUILD)/bench/eacces_log.so
 
 help:
 	@echo "make deps      install the Debian packages graphd needs (root)"
@@ -169,6 +171,10 @@ $(BUILD)/tests/integration/%: $(BUILD)/obj/tests/integration/%.o $(call obj,$(TE
 $(BUILD)/bench/%: $(BUILD)/obj/bench/%.o $(LIBGR) $(SOCLI)
 	@mkdir -p $(dir $@)
 	$(call say,LINK,$@)$(CXX) $(LDFLAGS_ALL) -o $@ $(filter %.o %.a,$^) -L$(BUILD) -Wl,-rpath,'$$ORIGIN/..' -lgraphd $(RT_LIBS) $(LDLIBS_ALL)
+
+$(BUILD)/bench/eacces_log.so: bench/eacces_log.c
+	@mkdir -p $(dir $@)
+	$(call say,CC,$<)$(CC) -std=c11 -D_GNU_SOURCE $(WARN) -Wstrict-prototypes -fPIC -shared $(CFLAGS) -o $@ $< -ldl
 
 test: deps
 	@$(MAKE) --no-print-directory all

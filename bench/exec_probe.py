@@ -1,6 +1,11 @@
 #!/usr/bin/env python3
 """Starts graphd-executor on a device with each sandbox variant and asks it for a pool there:
-which layer (Landlock, seccomp) a device's driver does not get past. GPU machine only."""
+which layer (Landlock, seccomp) a device's driver does not get past, and with
+`--preload build/eacces_log.so` (bench/eacces_log.c) which calls each variant was refused.
+GPU machine only.
+
+  bench/exec_probe.py [--preload SO] [EXECUTOR [DEVICE]]
+"""
 import os, socket, struct, subprocess, sys
 
 GX_MAGIC, READY, POOL_CREATE = 0x47584543, 1, 4
@@ -17,7 +22,12 @@ def recv_exact(s, n):
     return b
 
 
-def probe(exe, device, extra):
+def get_str(b, at):
+    n, = struct.unpack_from("=I", b, at)
+    return b[at + 4:at + 4 + n].decode(errors="replace"), at + 4 + n
+
+
+def probe(exe, device, extra, preload):
     ch, ch_x = socket.socketpair()
     ur, ur_x = socket.socketpair()
     a, b = ch_x.fileno(), ur_x.fileno()
@@ -27,13 +37,21 @@ def probe(exe, device, extra):
         os.dup2(a2, 3)
         os.dup2(b2, 4)
 
+    env = dict(os.environ)
+    if preload:
+        env["LD_PRELOAD"] = preload
     p = subprocess.Popen([exe, "--device", device] + extra, pass_fds=(a, b, 3, 4), preexec_fn=child,
-                         stderr=subprocess.PIPE)
+                         stderr=subprocess.PIPE, env=env)
     ch_x.close()
     ur_x.close()
+    sandbox = ""
     try:
         h = HDR.unpack(recv_exact(ch, HDR.size))
         ready = recv_exact(ch, h[3])
+        _, at = get_str(ready, 0)
+        nnp, abi, sc = struct.unpack_from("=III", ready, at)
+        off, _ = get_str(ready, at + 12)
+        sandbox = "[nnp %d landlock %d seccomp %d%s]" % (nnp, abi, sc, ("; off: " + off) if off else "")
         dev = device.encode()
         ch.sendall(HDR.pack(GX_MAGIC, POOL_CREATE, 1, 4 + len(dev), 0, 0) + struct.pack("=I", len(dev)) + dev)
         h = HDR.unpack(recv_exact(ch, HDR.size))
@@ -43,14 +61,32 @@ def probe(exe, device, extra):
         what = "executor exited"
     ch.close()
     ur.close()
-    p.wait(timeout=30)
+    p.wait(timeout=60)
     err = p.stderr.read().decode(errors="replace").strip().splitlines()
-    print("%-30s %s%s" % (" ".join(extra) or "(full sandbox)", what,
-                          (" | stderr: " + err[-1]) if err else ""))
+    print("== %s: %s %s" % (" ".join(extra) or "(full sandbox)", what, sandbox), flush=True)
+    seen = set()
+    for line in err:
+        key = line.split(", 0x")[0]
+        if key in seen:
+            continue
+        seen.add(key)
+        print("   " + line)
+        if len(seen) >= 40:
+            print("   ... (more)")
+            break
 
 
-exe = sys.argv[1] if len(sys.argv) > 1 else "build/graphd-executor"
-device = sys.argv[2] if len(sys.argv) > 2 else "cuda:0"
-for extra in ([], ["--no-landlock"], ["--no-seccomp"], ["--no-landlock", "--no-seccomp"],
-              ["--no-sandbox"]):
-    probe(exe, device, extra)
+args = sys.argv[1:]
+preload = None
+if args[:1] == ["--preload"]:
+    preload = os.path.abspath(args[1])
+    args = args[2:]
+exe = args[0] if args else "build/graphd-executor"
+device = args[1] if len(args) > 1 else "cuda:0"
+variants = [[], ["--no-landlock"], ["--no-seccomp"], ["--no-sandbox"]]
+if device.startswith("cuda"):
+    # Wider path lists: when the full sandbox fails, which kind of path is missing.
+    variants += [["--read", "/"], ["--read", "/", "--rw", "/dev", "--rw", "/proc/self"],
+                 ["--read", "/", "--rw", "/", "--tmp", "/tmp", "--tmp", "/dev/shm"]]
+for extra in variants:
+    probe(exe, device, extra, preload)
