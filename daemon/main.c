@@ -256,10 +256,7 @@ static int start(gd_daemon_t *d)
     long abi = syscall(SYS_landlock_create_ruleset, NULL, 0, 1u /* ..._VERSION */);
     char landlock[96];
     if (abi > 0)
-        snprintf(landlock, sizeof landlock,
-                 "Landlock ABI %ld for CPU executors (off for CUDA "
-                 "ones)",
-                 abi);
+        snprintf(landlock, sizeof landlock, "Landlock ABI %ld", abi);
     else
         snprintf(landlock, sizeof landlock, "NO Landlock (the kernel has none: %s)",
                  strerror(errno));

@@ -47,7 +47,7 @@
 #define METHOD_MAX 256   /* bytes of a method name, NUL included */
 #define MAX_CALLABLES 64 /* one memfd each (GX_MAX_FDS); the daemon's bound too */
 #define MAX_ARGS 256     /* sample args of one callable, as the daemon's bound */
-#define MAX_PATHS 64     /* --read / --rw each */
+#define MAX_PATHS 64     /* --read / --rw / --tmp each */
 #define OFF_MAX 256      /* bytes of READY's "off" text */
 #define ERR_MAX 1024     /* bytes of an error reply's message */
 #define URGENT_MAX 4096  /* largest payload the urgent socket skips over */
@@ -71,6 +71,8 @@ typedef struct exec_args {
     size_t n_read;
     const char *rw_paths[MAX_PATHS];
     size_t n_rw;
+    const char *tmp_paths[MAX_PATHS];
+    size_t n_tmp;
 } exec_args_t;
 
 typedef struct ready_info {
@@ -459,10 +461,11 @@ static bool send_msg(int fd, uint32_t op, uint64_t seq, int32_t rc, const void *
 
 /*
  * SANDBOX: the one place the executor restricts itself, after the runtime is set up and before
- * it reads any request (so before any module loads). For now only no_new_privs;
- * graph_runtime/sandbox.{c,h} (gr_sandbox_enter: Landlock over a->read_paths / a->rw_paths,
- * seccomp) is wired in here at merge. Fills the READY fields; a failure to restrict is fatal
- * (the caller exits).
+ * it reads any request (so before any module loads): graph_runtime/sandbox.h's default lists for
+ * the device's family plus the --read / --rw / --tmp paths, then gr_sandbox_enter (no_new_privs,
+ * Landlock, seccomp; --no-landlock / --no-seccomp / --no-sandbox leave layers out, for
+ * bench/exec_probe.py and executor_sandbox = 0). Fills the READY fields; a failure to restrict
+ * is fatal (the caller exits).
  */
 static int enter_sandbox(const exec_args_t *a, ready_info_t *r)
 {
@@ -479,17 +482,15 @@ static int enter_sandbox(const exec_args_t *a, ready_info_t *r)
         fprintf(stderr, "graphd-executor: the sandbox's path lists: out of memory\n");
         return -1;
     }
-    /* On the H200 (driver 580, CUDA 13) CUDA's initialisation fails under the Landlock rules
-     * (cudaGetDeviceCount: error 304) and works under seccomp alone (bench/exec_probe.py):
-     * what it needs outside the read list is not found yet, so CUDA executors go without. */
-    bool cuda = strcmp(family, "cuda") == 0;
-    o.landlock = !a->no_landlock && !cuda;
+    o.landlock = !a->no_landlock;
     o.seccomp = !a->no_seccomp;
     int rc = 0;
     for (size_t i = 0; i < a->n_read && rc == 0; i++)
         rc = gr_sandbox_paths_add(&o, 'r', a->read_paths[i]);
     for (size_t i = 0; i < a->n_rw && rc == 0; i++)
         rc = gr_sandbox_paths_add(&o, 'w', a->rw_paths[i]);
+    for (size_t i = 0; i < a->n_tmp && rc == 0; i++)
+        rc = gr_sandbox_paths_add(&o, 't', a->tmp_paths[i]);
     gr_sandbox_report_t rep;
     if (rc == 0)
         rc = gr_sandbox_enter(&o, &rep);
@@ -501,17 +502,9 @@ static int enter_sandbox(const exec_args_t *a, ready_info_t *r)
     r->no_new_privs = (uint32_t)rep.no_new_privs;
     r->landlock_abi = (uint32_t)rep.landlock_abi;
     r->seccomp = (uint32_t)rep.seccomp;
-    static const char no_landlock[] =
-        "landlock: off for CUDA executors (CUDA does not start under its rules yet)";
-    const char *extra = cuda && !a->no_landlock ? no_landlock : "";
     size_t used = strnlen(rep.off, sizeof rep.off - 1);
     memcpy(r->off, rep.off, used);
     r->off[used] = 0;
-    if (extra[0] && used + 2 + sizeof no_landlock <= sizeof r->off) {
-        if (used)
-            strcat(r->off, "; ");
-        strcat(r->off, extra);
-    }
     return 0;
 }
 
@@ -1997,7 +1990,7 @@ static void usage(const char *msg, const char *arg)
             "       [--max-unpacked BYTES] [--call-memory BYTES] [--no-sandbox]\n"
             "       [--reply-max BYTES] [--spin-us US]\n"
             "       [--no-landlock] [--no-seccomp]\n"
-            "       [--read PATH]... [--rw PATH]...\n"
+            "       [--read PATH]... [--rw PATH]... [--tmp DIR]...\n"
             "fd %d is the daemon's channel, fd %d its urgent socket, fd %d (optional) the state\n"
             "page it reads (started by graphd)\n",
             GX_CHANNEL_FD, GX_URGENT_FD, GX_STATE_FD);
@@ -2034,7 +2027,7 @@ static void parse_args(int argc, char **argv, exec_args_t *a)
         if (strcmp(f, "--device") && strcmp(f, "--intra-op-threads") &&
             strcmp(f, "--cpu-devices") && strcmp(f, "--max-unpacked") &&
             strcmp(f, "--call-memory") && strcmp(f, "--read") && strcmp(f, "--rw") &&
-            strcmp(f, "--reply-max") && strcmp(f, "--spin-us"))
+            strcmp(f, "--tmp") && strcmp(f, "--reply-max") && strcmp(f, "--spin-us"))
             usage("unknown flag", f);
         if (i + 1 >= argc)
             usage("missing the value of", f);
@@ -2058,12 +2051,13 @@ static void parse_args(int argc, char **argv, exec_args_t *a)
             a->reply_max = parse_u64(f, v, UINT64_C(1) << 40);
         } else if (strcmp(f, "--spin-us") == 0) {
             a->spin_us = parse_u64(f, v, 1000000);
-        } else if (strcmp(f, "--read") == 0 || strcmp(f, "--rw") == 0) {
-            bool rw = f[2] == 'r' && f[3] == 'w';
-            size_t *n = rw ? &a->n_rw : &a->n_read;
+        } else {
+            bool rw = strcmp(f, "--rw") == 0, tmp = strcmp(f, "--tmp") == 0;
+            size_t *n = rw ? &a->n_rw : tmp ? &a->n_tmp : &a->n_read;
+            const char **v_of = rw ? a->rw_paths : tmp ? a->tmp_paths : a->read_paths;
             if (*n == MAX_PATHS)
                 usage("too many paths for", f);
-            (rw ? a->rw_paths : a->read_paths)[(*n)++] = v;
+            v_of[(*n)++] = v;
         }
     }
     if (a->device[0] == '\0')

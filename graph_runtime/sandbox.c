@@ -531,8 +531,18 @@ int gr_sandbox_default_paths(const char *family, gr_sandbox_opts_t *o)
         rc = add_mapped_dirs(&r);
     if (rc == 0 && cuda)
         rc = list_add_str(&r, "/proc/driver/nvidia");
+    if (rc == 0 && cuda)
+        rc = list_add_str(&r, "/proc/sys/vm/mmap_min_addr");
+    if (rc == 0 && cuda)
+        rc = list_add_str(&r, "/proc/devices");
     if (rc == 0)
         rc = list_add_str(&w, "/dev/null");
+    /* CUDA names the threads it starts by writing /proc/self/task/<tid>/comm, and its
+     * initialisation fails (cudaErrorOperatingSystem, 304) when that is refused
+     * (bench/exec_probe.py with bench/eacces_log.c on the H200). Only this process's own
+     * threads: /proc/self resolves to this pid when the rule is made. */
+    if (rc == 0 && cuda)
+        rc = list_add_str(&w, "/proc/self/task");
     if (rc == 0 && cuda) {
         glob_t g;
         if (glob("/dev/nvidia*", 0, NULL, &g) == 0) {

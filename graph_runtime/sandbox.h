@@ -70,9 +70,10 @@ int gr_sandbox_enter(const gr_sandbox_opts_t *o, gr_sandbox_report_t *rep);
  *        package's whole directory, for the libraries libtorch and CUDA dlopen later),
  *        /proc/self (this process's pid directory), /proc/cpuinfo /proc/meminfo /proc/stat
  *        /proc/sys/vm/overcommit_memory, /sys, /dev/urandom;
- *        cuda also /proc/driver/nvidia
- *  rw:   /dev/null; cuda also every /dev/nvidia* node and /dev/nvidia-caps, and the MPS pipe
- *        directory (CUDA_MPS_PIPE_DIRECTORY, default /tmp/nvidia-mps) when it exists
+ *        cuda also /proc/driver/nvidia, /proc/sys/vm/mmap_min_addr, /proc/devices
+ *  rw:   /dev/null; cuda also every /dev/nvidia* node and /dev/nvidia-caps, the MPS pipe
+ *        directory (CUDA_MPS_PIPE_DIRECTORY, default /tmp/nvidia-mps) when it exists, and
+ *        /proc/self/task (CUDA writes its threads' names there)
  *  tmp:  cuda only: /dev/shm
  * Paths that do not exist are left out here or skipped by gr_sandbox_enter. Returns 0, or -1
  * with errno EINVAL for another family, ENOMEM. Free with gr_sandbox_paths_free. */

@@ -626,3 +626,20 @@ def test_pool_handle_without_a_device_serves_cuda_modules():
                                       pool=pool)
     assert pool.device == "cuda:0"
     assert a._graphd_runner.graph.pool == b._graphd_runner.graph.pool == pool
+
+
+def test_cuda_executors_run_under_landlock_and_seccomp():
+    """Module code on cuda:0 runs under the whole sandbox, as on the CPU (issue 14): the CUDA
+    executor's status says no_new_privs, landlock and seccomp, with nothing off. Until the tenth
+    session CUDA did not start under Landlock's rules (error 304: it writes its threads' names in
+    /proc/self/task), and CUDA executors ran without it."""
+    model = mlp(64, 2)
+    x = torch.randn(8, 64)
+    graphed = graphd.make_graphed_callables(model, (x,), device="cuda:0")
+    graphed(x).sum().backward()
+    mine = [e for e in graphd.default_client().status().get("executors", [])
+            if e["device"] == "cuda:0" and int(e.get("pid", 0)) > 0]
+    assert mine, graphd.default_client().status().get("executors")
+    for e in mine:
+        assert e["sandbox"].startswith("no_new_privs, landlock, seccomp;"), e["sandbox"]
+        assert "off:" not in e["sandbox"], e["sandbox"]
