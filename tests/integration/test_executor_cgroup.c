@@ -78,6 +78,11 @@ static void start_up_line_says_which_memory_bound(void **state)
     printf("    %s", line);
     assert_true(line[0] != 0);
     bool on = says_cgroup_on(line);
+    const char *given = getenv("GRAPHD_TEST_CGROUP");
+    if (given != NULL && *given != '\0' && !on)
+        fail_msg("GRAPHD_TEST_CGROUP=%s gives the daemon a cgroup of its own, yet the cgroup "
+                 "bound is off: %s",
+                 given, line);
     if (!machine_has_cgroup2()) {
         assert_false(on);
         assert_non_null(strstr(line, "no cgroup2 at /sys/fs/cgroup (cgroup v1 or hybrid)"));

@@ -97,6 +97,26 @@ static void remove_dir(const char *path)
     rmdir(path);
 }
 
+/* Removes a cgroup directory and the (empty) cgroups under it, deepest first: cgroupfs lets
+ * rmdir remove a cgroup with its control files, not with child cgroups. */
+static void remove_cgroup(const char *path)
+{
+    DIR *d = opendir(path);
+    if (d != NULL) {
+        struct dirent *e;
+        while ((e = readdir(d)) != NULL) {
+            if (e->d_type != DT_DIR || strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
+                continue;
+            char p[HARNESS_PATH_MAX * 2];
+            snprintf(p, sizeof(p), "%s/%s", path, e->d_name);
+            remove_cgroup(p);
+        }
+        closedir(d);
+    }
+    if (rmdir(path) != 0 && errno != ENOENT)
+        fprintf(stderr, "harness: removing cgroup %s: %s\n", path, strerror(errno));
+}
+
 void harness_dump_log(const harness_t *h)
 {
     FILE *f = fopen(h->log_path, "r");
@@ -146,24 +166,44 @@ int harness_start(harness_t *h, const char *const *extra_args)
 
     char graphd[PATH_MAX + 16];
     snprintf(graphd, sizeof(graphd), "%s/graphd", harness_build_dir());
-    const char *argv[64] = {graphd,  "--listen", h->address, "--log-level",
+    const char *argv[68] = {graphd,  "--listen", h->address, "--log-level",
                             "debug", "--config", "/dev/null"};
     size_t argc = 7;
     for (size_t i = 0; extra_args != NULL && extra_args[i] != NULL && argc < 63; i++)
         argv[argc++] = extra_args[i];
     argv[argc] = NULL;
+    const char *cg_parent = getenv("GRAPHD_TEST_CGROUP");
+    if (cg_parent != NULL && *cg_parent != '\0') {
+        /* The daemon enters its cgroup before it execs, through sh: no window in which it
+         * could read /proc/self/cgroup before the move. */
+        snprintf(h->cgroup, sizeof(h->cgroup), "%s/%s", cg_parent, h->dir + 5);
+        if (mkdir(h->cgroup, 0755) != 0) {
+            fprintf(stderr, "harness: GRAPHD_TEST_CGROUP: mkdir %s: %s\n", h->cgroup,
+                    strerror(errno));
+            h->cgroup[0] = 0;
+            remove_dir(h->dir);
+            return -1;
+        }
+        memmove(argv + 4, argv, (argc + 1) * sizeof *argv);
+        argv[0] = "/bin/sh";
+        argv[1] = "-c";
+        argv[2] = "echo $$ > \"$0/cgroup.procs\" && exec \"$@\"";
+        argv[3] = h->cgroup;
+    }
 
     posix_spawn_file_actions_t fa;
     posix_spawn_file_actions_init(&fa);
     posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
     posix_spawn_file_actions_addopen(&fa, 2, h->log_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
     posix_spawn_file_actions_adddup2(&fa, 2, 1);
-    int err = posix_spawn(&h->pid, graphd, &fa, NULL, (char *const *)argv, environ);
+    int err = posix_spawn(&h->pid, argv[0], &fa, NULL, (char *const *)argv, environ);
     posix_spawn_file_actions_destroy(&fa);
     if (err != 0) {
         fprintf(stderr, "harness: cannot start %s: %s\n", graphd, strerror(err));
         h->pid = 0;
         remove_dir(h->dir);
+        if (h->cgroup[0])
+            remove_cgroup(h->cgroup);
         return -1;
     }
 
@@ -175,6 +215,8 @@ int harness_start(harness_t *h, const char *const *extra_args)
             harness_dump_log(h);
             h->pid = 0;
             remove_dir(h->dir);
+            if (h->cgroup[0])
+                remove_cgroup(h->cgroup);
             return -1;
         }
         if (access(h->sock_path, F_OK) == 0 && answers(h))
@@ -219,6 +261,10 @@ int harness_stop(harness_t *h)
     }
     h->pid = 0;
     remove_dir(h->dir);
+    if (h->cgroup[0]) {
+        remove_cgroup(h->cgroup);
+        h->cgroup[0] = 0;
+    }
     return code;
 }
 

@@ -26,6 +26,7 @@ typedef struct harness {
     char address[HARNESS_PATH_MAX + 8]; /* "unix:" + sock_path */
     char log_path[HARNESS_PATH_MAX];    /* the daemon's stderr */
     pid_t pid;                          /* the daemon, 0 when not running */
+    char cgroup[HARNESS_PATH_MAX];      /* the daemon's own cgroup v2 directory, or "" */
 } harness_t;
 
 /* The build directory (see above); a static string. */
@@ -36,6 +37,11 @@ const char *harness_build_dir(void);
  * --config /dev/null plus extra_args (NULL-terminated, optional), and waits
  * up to 10 s until it answers ListDevices. 0 on success; on failure prints
  * why (and the daemon's log) to stderr, cleans up and returns -1.
+ * With $GRAPHD_TEST_CGROUP set (a cgroup v2 directory with +memory in its
+ * cgroup.subtree_control and no processes, e.g. made by root on a machine
+ * with cgroup v2), the daemon starts alone in a new child cgroup of it, as
+ * systemd's Delegate= would start it, so that executors' memory.max (the
+ * kernel path of daemon/cgroup.c) can be tested; harness_stop removes it.
  */
 int harness_start(harness_t *h, const char *const *extra_args);
 /*
