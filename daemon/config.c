@@ -90,7 +90,7 @@ const gd_setting_t gd_settings[] = {
     {"executor_cgroup", GD_CFG_UINT, FIELD(executor_cgroup), "1", 0, 1, false,
      "1: where the daemon has a delegated cgroup v2 (systemd Delegate=yes), each executor gets "
      "a child cgroup with memory.max = max_executor_memory_bytes, and the kernel kills it past "
-     "that (RESOURCE_EXHAUSTED); 0: the RSS watchdog only (it runs either way)"},
+     "that (RESOURCE_EXHAUSTED); 0, or no delegated cgroup: the RSS watchdog"},
     {"cpu_devices", GD_CFG_UINT, FIELD(cpu_devices), "1", 1, 8, false,
      "logical CPU devices cpu:0..cpu:N-1, each with its own worker thread and pools (a split of "
      "the queues, not of the cores: all share the host's cores and libtorch's intra-op "

@@ -366,7 +366,11 @@ void gd_exec_host_watch(gd_exec_host_t *h)
             continue;
         uint64_t rss = (uint64_t)resident * (uint64_t)page;
         atomic_store(&x->rss, rss);
-        if (bound && rss > bound && atomic_load(&x->kill_reason) == KILL_NONE) {
+        /* Under memory.max the kernel holds the bound, on what is charged to the executor. RSS
+         * also counts the shared libraries' pages, charged to whoever read them first (the
+         * daemon's cgroup, an earlier executor), so it runs ahead of the cgroup's count and the
+         * watchdog would kill first with a figure the kernel does not use: it only reports. */
+        if (bound && !x->in_cgroup && rss > bound && atomic_load(&x->kill_reason) == KILL_NONE) {
             atomic_store(&x->kill_reason, KILL_MEMORY);
             gd_warn("executor of uid %u on %s (pid %d) holds %llu bytes, over "
                     "max_executor_memory_bytes (%llu): killing it",
@@ -396,10 +400,7 @@ size_t gd_exec_host_list(gd_exec_host_t *h, gd_exec_info_t *items, size_t max)
         e->killed_memory = x->killed_memory;
         e->died = x->died;
         if (x->sandbox[0] && x->in_cgroup)
-            snprintf(e->sandbox, sizeof e->sandbox,
-                     "%s; memory: cgroup memory.max and the RSS "
-                     "watchdog",
-                     x->sandbox);
+            snprintf(e->sandbox, sizeof e->sandbox, "%s; memory: cgroup memory.max", x->sandbox);
         else if (x->sandbox[0])
             snprintf(e->sandbox, sizeof e->sandbox, "%s; memory: RSS watchdog only (cgroup: %s)",
                      x->sandbox,

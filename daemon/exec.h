@@ -41,7 +41,7 @@ typedef struct gd_exec_opts {
     uint64_t replay_spin_us; /* with spin: an executor polls this long after a device replay */
     uint64_t reply_max;      /* bytes of answers a direct connection may leave unread */
     /* [optional] memory.max per executor where it is on (cgroup.h); not owned. The RSS
-     * watchdog runs either way. */
+     * watchdog bounds executors that are not under it, and reports the RSS of all. */
     struct gd_cgroup *cgroup;
 } gd_exec_opts_t;
 

@@ -262,8 +262,7 @@ static int start(gd_daemon_t *d)
                  strerror(errno));
     char memory[2600];
     if (gd_cgroup_on(d->cgroup))
-        snprintf(memory, sizeof memory,
-                 "memory bound max_executor_memory_bytes by cgroup v2 (%s) and the RSS watchdog",
+        snprintf(memory, sizeof memory, "memory bound max_executor_memory_bytes by cgroup v2 (%s)",
                  gd_cgroup_why(d->cgroup));
     else
         snprintf(memory, sizeof memory,
