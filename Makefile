@@ -93,9 +93,15 @@ BENCH_BIN := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
 
 RT_LIBS := $(if $(GR_CXXSRC),$(TORCH_LIBS) -lstdc++)
 
+# Level Zero test driver (tests/ze_driver/): the real loader loads it through ZE_ENABLE_ALT_DRIVERS;
+# nothing links it and nothing installs it. _notemp lacks one table, for the loader-refusal test.
+ZE_DRV     := $(BUILD)/tests/ze_driver/libze_graphd_test.so
+ZE_DRV_BAD := $(BUILD)/tests/ze_driver/libze_graphd_test_notemp.so
+ZE_TEST    := $(BUILD)/tests/integration/test_ze_loader
+
 .PHONY: all deps test unit integration python-test asan demo install format lint bench clean help
 all: $(BUILD)/graphd $(BUILD)/graphd-executor $(SOCLI) $(BUILD)/graphctl $(UNIT_BIN) $(INTEG_BIN) $(BENCH_BIN) \
-     $(BUILD)/bench/eacces_log.so
+     $(BUILD)/bench/eacces_log.so $(ZE_DRV) $(ZE_DRV_BAD) $(ZE_TEST)
 
 help:
 	@echo "make deps      install the Debian packages graphd needs (root)"
@@ -175,6 +181,16 @@ $(BUILD)/bench/%: $(BUILD)/obj/bench/%.o $(LIBGR) $(SOCLI)
 $(BUILD)/bench/eacces_log.so: bench/eacces_log.c
 	@mkdir -p $(dir $@)
 	$(call say,CC,$<)$(CC) -std=c11 -D_GNU_SOURCE $(WARN) -Wstrict-prototypes -fPIC -shared $(CFLAGS) -o $@ $< -ldl
+
+# Only the table getters are exported (-fvisibility=hidden), so the driver never interposes on the
+# loader's own ze* symbols. The test links the loader, never the driver.
+$(ZE_DRV) $(ZE_DRV_BAD): tests/ze_driver/ze_graphd_test.c tests/ze_driver/ze_graphd_test.h
+	@mkdir -p $(dir $@)
+	$(call say,LINK,$@)$(CC) $(filter-out -MMD -MP,$(ALL_CFLAGS)) -fvisibility=hidden \
+	  $(if $(filter $(ZE_DRV_BAD),$@),-DGZT_OMIT_ZES_TEMPERATURE) -shared $(LDFLAGS_ALL) -o $@ $< -lpthread
+$(ZE_TEST): $(BUILD)/obj/tests/ze_driver/test_ze_loader.o | $(ZE_DRV) $(ZE_DRV_BAD)
+	@mkdir -p $(dir $@)
+	$(call say,LINK,$@)$(CC) $(LDFLAGS_ALL) -o $@ $< -lze_loader $(LDLIBS_ALL) -lcmocka
 
 test: deps
 	@$(MAKE) --no-print-directory all
