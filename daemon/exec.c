@@ -1569,6 +1569,11 @@ int gd_exec_device_alloc(gd_exec_t *x, const char *device, uint64_t bytes, gd_xb
     return make_obj(x, GX_OP_DEVICE_ALLOC, device, bytes, NULL, handle, sizeof **out, (void **)out);
 }
 
+gd_exec_t *gd_exec_block_exec(const gd_xblock_t *b)
+{
+    return b->r.x;
+}
+
 int gd_exec_device_free(gd_xblock_t *blk)
 {
     if (blk == NULL)
