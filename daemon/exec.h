@@ -5,16 +5,16 @@
  * restarts executors, and mirrors graph_runtime's C ABI with handles that name an object in one
  * executor (gd_exec_* for gr_*). The daemon never loads libtorch modules itself.
  *
- * Threads. Each call waits for its executor's answer, one caller at a time per executor: the
- * executor's own worker (worker.h: one per executor, so a stuck executor holds up no other
- * executor's calls), or the loop's thread pool for module loads (in the uid's cpu:0 executor).
- * Every call on an object goes to the object's executor (gd_exec_graph_exec,
- * gd_exec_block_exec), so the daemon makes it on that executor's worker. None may be made on the
- * loop thread, except those marked "never blocks" (and at shutdown, once the workers are
- * joined). A call that takes longer than its bound kills the executor (SIGKILL) and fails with
- * GR_ETIMEDOUT; so does one whose executor dies (GR_ELOST) or is killed by the memory watchdog
- * (GR_ENOMEM). The next call to that (uid, device) starts a fresh executor; objects of the old
- * one fail with GR_ELOST (destroying them succeeds and does nothing).
+ * Threads. Each call waits for its executor's answer, one caller at a time per executor (x->mu).
+ * The daemon makes every call on the executor's own worker (worker.h: one per executor, so a
+ * stuck executor holds up no other executor's calls): module loads on the uid's cpu:0 worker,
+ * and every call on an object on the worker of the object's executor (gd_exec_graph_exec,
+ * gd_exec_block_exec). None may be made on the loop thread, except those marked "never blocks"
+ * (and at shutdown, once the workers are joined). A call that takes longer than its bound kills
+ * the executor (SIGKILL) and fails with GR_ETIMEDOUT; so does one whose executor dies (GR_ELOST)
+ * or is killed by the memory watchdog (GR_ENOMEM). The next call to that (uid, device) starts a
+ * fresh executor; objects of the old one fail with GR_ELOST (destroying them succeeds and does
+ * nothing).
  */
 #ifndef GD_EXEC_H
 #define GD_EXEC_H
