@@ -5,9 +5,10 @@
  * uid A's capture or session-socket replay loops for ever, uid B on the same device registers,
  * captures and replays on the session socket (GRAPHD_DIRECT=0: through its worker, not straight
  * to its executor) well inside A's bound; on one worker per device B's capture and replays
- * waited for the whole bound. A then gets DEADLINE_EXCEEDED naming the bound, and B's session
- * goes on. A worker's thread exits once idle for worker_idle_ms and comes back with the next
- * job: a daemon that served many uids keeps threads only for the busy ones.
+ * waited for the whole bound, and B's module load waited too while A's loads, blocked on A's
+ * executor, filled the loop's thread pool. A then gets DEADLINE_EXCEEDED naming the bound, and B's
+ * session goes on. A worker's thread exits once idle for worker_idle_ms and comes back with the
+ * next job: a daemon that served many uids keeps threads only for the busy ones.
  *
  * A is this process (root); B is a child that switched to another uid. tests/models: forever.pt
  * (a forward that never returns), stall.pt (loops x[0] times), mlp.pt (fast).
@@ -169,17 +170,26 @@ static void tenant_b_main(const harness_t *h, const harness_models_t *m, uid_t u
     _exit(0);
 }
 
+/* B runs in a fresh process (this binary again, "tenant-b"): a child that only forked would
+ * share this process's gRPC state, epoll sets included, and each would take the other's
+ * events (a reply lost until the call's deadline). */
 static void tenant_b_start(const harness_t *h, const harness_models_t *m, uid_t uid, tenant_b_t *b)
 {
     int to[2], from[2];
     assert_int_equal(pipe(to), 0);
     assert_int_equal(pipe(from), 0);
+    char uids[16], ins[16], outs[16];
+    snprintf(uids, sizeof uids, "%u", (unsigned)uid);
+    snprintf(ins, sizeof ins, "%d", to[0]);
+    snprintf(outs, sizeof outs, "%d", from[1]);
     b->pid = fork();
     assert_true(b->pid >= 0);
     if (b->pid == 0) {
         close(to[1]);
         close(from[0]);
-        tenant_b_main(h, m, uid, to[0], from[1]);
+        execl("/proc/self/exe", "test_workers", "tenant-b", h->address, m->dir, uids, ins, outs,
+              (char *)NULL);
+        _exit(127);
     }
     close(to[0]);
     close(from[1]);
@@ -265,7 +275,25 @@ static void stuck_finish(stuck_call_t *s, const char *bound)
 
 /* ---- tests -------------------------------------------------------------------------------- */
 
-/* A's capture loops for ever; B captures and replays on the session socket meanwhile. */
+/* A module load of uid A's, which waits for A's stuck executor. */
+typedef struct load_call {
+    graphd_client_t *c;
+    const harness_models_t *m;
+    uint64_t mid;
+    pthread_t thread;
+} load_call_t;
+
+static void *load_main(void *arg)
+{
+    load_call_t *l = arg;
+    l->mid = harness_models_register(l->c, l->m, "mlp.pt");
+    return NULL;
+}
+
+#define A_LOADS 4 /* libuv's default thread pool, where loads used to wait */
+
+/* A's capture loops for ever, and four more sessions of A's register modules, which wait for
+ * A's executor; B registers, captures and replays on the session socket meanwhile. */
 static void another_uids_capture_and_replays_do_not_wait_for_a_stuck_capture(void **state)
 {
     harness_fixture_t *f = *state;
@@ -273,16 +301,29 @@ static void another_uids_capture_and_replays_do_not_wait_for_a_stuck_capture(voi
     assert_non_null(a);
     uint64_t mid = harness_models_register(a, &f->m, "forever.pt");
     assert_true(mid != 0);
+    load_call_t loads[A_LOADS];
+    for (int i = 0; i < A_LOADS; i++) {
+        loads[i] = (load_call_t){.c = harness_client(&f->h, "tenant-a-load"), .m = &f->m};
+        assert_non_null(loads[i].c);
+    }
     tenant_b_t b;
     tenant_b_start(&f->h, &f->m, 4301, &b);
     stuck_call_t s = {.c = a, .mid = mid};
     stuck_start(&s);
+    for (int i = 0; i < A_LOADS; i++)
+        assert_int_equal(pthread_create(&loads[i].thread, NULL, load_main, &loads[i]), 0);
+    usleep(200000);
     double took = tenant_b_run(&b, "a stuck capture");
     stuck_finish(&s, "max_capture_ms");
     if (took >= BOUND_MS / 3.0)
         fail_msg("tenant B took %.0f ms while another uid's capture was stuck (bound %d ms): it "
-                 "waited for that uid's worker",
+                 "waited for that uid's executor",
                  took, BOUND_MS);
+    for (int i = 0; i < A_LOADS; i++) { /* they load in A's next executor */
+        pthread_join(loads[i].thread, NULL);
+        assert_true(loads[i].mid != 0);
+        graphd_close(loads[i].c);
+    }
     tenant_b_finish(&b);
     graphd_close(a);
 }
@@ -307,7 +348,7 @@ static void another_uids_capture_and_replays_do_not_wait_for_a_stuck_socket_repl
     stuck_finish(&s, "max_replay_ms");
     if (took >= BOUND_MS / 3.0)
         fail_msg("tenant B took %.0f ms while another uid's replay was stuck (bound %d ms): it "
-                 "waited for that uid's worker",
+                 "waited for that uid's executor",
                  took, BOUND_MS);
     tenant_b_finish(&b);
     graphd_graph_release(g);
@@ -353,6 +394,23 @@ static int await_threads(pid_t pid, int n, int ms)
 
 /* A worker's thread exits after worker_idle_ms without a job, and the next job brings it back:
  * idle uids hold no thread. */
+/* The pid status shows for the executor of uid on cpu:0 (0: not running). */
+static long long executor_pid(graphd_client_t *c, uid_t uid)
+{
+    json_t *js = harness_status(c);
+    assert_non_null(js);
+    json_t *ex = json_object_get(js, "executors");
+    long long pid = 0;
+    for (size_t i = 0; i < json_array_size(ex); i++) {
+        json_t *e = json_array_get(ex, i);
+        if (harness_int(e, "uid") == (long long)uid &&
+            strcmp(json_string_value(json_object_get(e, "device")), "cpu:0") == 0)
+            pid = harness_int(e, "pid");
+    }
+    json_decref(js);
+    return pid;
+}
+
 static void an_idle_workers_thread_exits_and_the_next_job_brings_it_back(void **state)
 {
     harness_fixture_t *f = *state;
@@ -367,9 +425,14 @@ static void an_idle_workers_thread_exits_and_the_next_job_brings_it_back(void **
     int busy = worker_threads(f->h.pid);
     printf("    right after a capture and a replay: %d\n", busy);
     assert_int_equal(busy, 1);
+    long long pid = executor_pid(c, 0);
+    assert_true(pid > 0);
     idle = await_threads(f->h.pid, 0, 5 * IDLE_MS);
     assert_int_equal(idle, 0);
-    /* The thread comes back for the next job, and the graph is as it was. */
+    /* The executor outlives the thread that had it started (its PR_SET_PDEATHSIG is the
+     * spawner thread's, not the worker's), the thread comes back for the next job, and the
+     * graph is as it was. */
+    assert_int_equal(executor_pid(c, 0), pid);
     assert_int_equal(graphd_replay(g.g, GRAPHD_PHASE_FORWARD, NULL), GRAPHD_OK);
     assert_int_equal(harness_graph_release(&g), GRAPHD_OK);
     graphd_close(c);
@@ -405,8 +468,17 @@ static int group_teardown(void **state)
     return harness_fixture_stop(*state) == 0 ? 0 : -1;
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    if (argc == 7 && strcmp(argv[1], "tenant-b") == 0) { /* tenant_b_start's process */
+        harness_t h;
+        harness_models_t m;
+        memset(&h, 0, sizeof h);
+        memset(&m, 0, sizeof m);
+        snprintf(h.address, sizeof h.address, "%s", argv[2]);
+        snprintf(m.dir, sizeof m.dir, "%s", argv[3]);
+        tenant_b_main(&h, &m, (uid_t)atoi(argv[4]), atoi(argv[5]), atoi(argv[6]));
+    }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(another_uids_capture_and_replays_do_not_wait_for_a_stuck_capture),
         cmocka_unit_test(another_uids_capture_and_replays_do_not_wait_for_a_stuck_socket_replay),
