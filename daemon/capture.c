@@ -1,5 +1,5 @@
-/* Captures: prepare on the device worker, static regions on the loop, finish on the worker
- * (see lifetime.c). */
+/* Captures: prepare on the worker of the session's executor on the pool's device, static regions
+ * on the loop, finish on that worker (see lifetime.c). */
 #include "graphs.h"
 #include "graphd.pb-c.h"
 #include "log.h"
@@ -19,7 +19,8 @@ typedef struct {
     gd_call_t *call;
     uint64_t session;
     gd_gpool_t *pool;
-    gd_rpool_t *rpool; /* set on the worker in step 1 */
+    gd_worker_t *worker; /* x's: every step runs there */
+    gd_rpool_t *rpool;   /* set on the worker in step 1 */
     size_t n;
     gd_module_t *mods[MAX_CALLABLES];
     uint32_t reserved; /* graphs counted in the session's capturing (max_graphs_per_session) */
@@ -91,8 +92,7 @@ static void capture_free_blocks(capture_op_t *op)
 {
     for (size_t i = 0; i < op->n; i++) {
         if (op->dev_ptrs[i] && gd_exec_device_free(op->dev_ptrs[i]) != GR_OK)
-            gd_warn("freeing device memory on %s: %s", op->pool->worker->device,
-                    gd_exec_last_error());
+            gd_warn("freeing device memory on %s: %s", op->pool->device, gd_exec_last_error());
         op->dev_ptrs[i] = NULL;
     }
 }
@@ -119,7 +119,7 @@ static void capture_fail(capture_op_t *op, int status, const char *msg)
     gd_call_fail(op->call, status, "%s", msg);
     op->job.run = capture_abort_run;
     op->job.done = capture_abort_done;
-    gd_worker_submit(op->pool->worker, &op->job);
+    gd_worker_submit(op->worker, &op->job);
 }
 
 /* Borrowed regions for g's external tensors: region_ids[k] for layout tensor k (0 for those in
@@ -189,8 +189,8 @@ static void capture_finish_run(gd_job_t *job)
         snprintf(op->msg, sizeof op->msg, "%s", gd_exec_last_error());
     if (op->rc == GR_OK)
         op->rpool->graphs += (uint32_t)op->n;
-    gd_rpool_put(op->pool, op->rpool); /* a failed capture may leave it with no graph: it goes */
-    gd_gpool_measure(op->pool);
+    /* A failed capture may leave it with no graph: it goes; else it is measured for status. */
+    gd_rpool_put(op->pool, op->rpool);
     op->finish_end = gd_now_ns();
 }
 
@@ -222,7 +222,7 @@ static void capture_finish_done(gd_job_t *job)
         g->session = op->session;
         g->pool = op->pool;
         g->rpool = op->rpool;
-        g->worker = op->pool->worker;
+        g->worker = op->worker;
         g->g = op->graphs[i];
         g->resident = op->opts.resident != 0;
         g->region_id = op->region_ids[i];
@@ -398,21 +398,22 @@ static void capture_prepare_done(gd_job_t *job)
         op->graph_ids[i] = ++d->next_graph_id;
     op->job.run = capture_finish_run;
     op->job.done = capture_finish_done;
-    gd_worker_submit(op->pool->worker, &op->job);
+    gd_worker_submit(op->worker, &op->job);
 }
 
 /* Step 1, on the worker: the runtime pool at its first capture, gr_capture_prepare, and for a
  * device-resident capture the static blocks. */
 static void prepare_on_worker(capture_op_t *op)
 {
-    op->rc = gd_rpool_get(op->pool, op->session, op->x, &op->rpool, op->msg, sizeof op->msg);
+    op->rc =
+        gd_rpool_get(op->pool, op->session, op->x, op->worker, &op->rpool, op->msg, sizeof op->msg);
     if (op->rc != GR_OK) {
         op->rpool = NULL;
         return;
     }
     op->opts.pool = op->rpool->gp;
-    op->rc = gd_exec_capture_prepare(op->x, op->pool->worker->device, op->n, op->specs, &op->opts,
-                                     &op->cap);
+    op->rc =
+        gd_exec_capture_prepare(op->x, op->pool->device, op->n, op->specs, &op->opts, &op->cap);
     if (op->rc != GR_OK) {
         snprintf(op->msg, sizeof op->msg, "%s", gd_exec_last_error());
         return;
@@ -425,7 +426,7 @@ static void prepare_on_worker(capture_op_t *op)
         op->rc = gd_exec_capture_layout(op->cap, i, &count, &total);
         if (op->rc == GR_OK) {
             op->dev_sizes[i] = total ? total : GR_ALIGN;
-            op->rc = gd_exec_device_alloc(op->x, op->pool->worker->device, op->dev_sizes[i],
+            op->rc = gd_exec_device_alloc(op->x, op->pool->device, op->dev_sizes[i],
                                           &op->dev_ptrs[i], op->dev_handles[i]);
         }
         if (op->rc != GR_OK) {
@@ -548,8 +549,7 @@ void gd_rpc_capture(void *ctx, gd_call_t *call, const ProtobufCMessage *msg)
                      pinfo.device);
         return;
     }
-    gd_worker_t *w = gd_worker_for(d, pinfo.device);
-    if (w == NULL) {
+    if (gd_device_find(d, pinfo.device) == NULL) {
         gd_call_fail(call, GD_FAILED_PRECONDITION, "pool '%s' is on %s, which runs no graphs",
                      pool_name, pinfo.device);
         return;
@@ -564,7 +564,7 @@ void gd_rpc_capture(void *ctx, gd_call_t *call, const ProtobufCMessage *msg)
     }
     capture_op_t *op = calloc(1, sizeof *op);
     gr_arg_spec_t *args = calloc(nargs + 1, sizeof *args);
-    gd_gpool_t *gp = gd_gpool_get(d, pool_name, w);
+    gd_gpool_t *gp = gd_gpool_get(d, pool_name, pinfo.device);
     if (op == NULL || args == NULL || gp == NULL) {
         free(op);
         free(args);
@@ -596,8 +596,10 @@ void gd_rpc_capture(void *ctx, gd_call_t *call, const ProtobufCMessage *msg)
         op->specs[i].args = &args[next_arg];
         next_arg += c->n_sample_args;
     }
-    op->x = gd_exec_get(d->exec, s->uid, w->device);
-    if (op->x == NULL) {
+    /* The session's uid's executor on the pool's device, and its worker: another uid's stuck
+     * call holds up none of this capture's steps. */
+    op->worker = gd_worker_for(d, s->uid, pinfo.device, &op->x);
+    if (op->worker == NULL) {
         gd_call_fail(call, GD_INTERNAL, "out of memory");
         capture_op_free(d, op);
         return;
@@ -617,5 +619,5 @@ void gd_rpc_capture(void *ctx, gd_call_t *call, const ProtobufCMessage *msg)
     s->capturing += op->reserved;
     op->job.run = capture_prepare_run;
     op->job.done = capture_prepare_done;
-    gd_worker_submit(w, &op->job);
+    gd_worker_submit(op->worker, &op->job);
 }

@@ -100,6 +100,9 @@ const gd_setting_t gd_settings[] = {
     {"worker_spin_us", GD_CFG_UINT, FIELD(worker_spin_us), "50", 0, 100000, false,
      "how long an idle device worker polls for the next job before sleeping (lower replay "
      "latency for a core's time; 0 on hosts with fewer than 4 CPUs)"},
+    {"worker_idle_ms", GD_CFG_UINT, FIELD(worker_idle_ms), "10000", 0, 86400000, false,
+     "how long the worker thread of an executor (one per uid and device) waits for a job before "
+     "it exits; the next job starts it again (0: threads never exit)"},
     {"replay_spin_us", GD_CFG_UINT, FIELD(replay_spin_us), "2000", 0, 100000, false,
      "after a device-resident replay, how long the event loop and the device's worker poll for "
      "the next one before sleeping: a training step's next replay comes hundreds of "

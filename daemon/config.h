@@ -46,6 +46,7 @@ typedef struct gd_config {
     uint64_t cpu_devices;
     uint64_t intra_op_threads;
     uint64_t worker_spin_us;
+    uint64_t worker_idle_ms;
     uint64_t replay_spin_us;
     uint64_t reply_buffer_max_bytes;
     uint64_t max_queued_replays;

@@ -71,8 +71,8 @@ typedef struct gd_daemon {
     gd_rpc_t *rpc;
 
     gd_device_t devices[GD_MAX_DEVICES];
-    gd_worker_t workers[GD_MAX_DEVICES]; /* workers[i] runs devices[i] */
-    size_t ndevices, nworkers;
+    size_t ndevices;
+    gd_workers_t workers; /* one per executor: (uid, device) */
 
     struct gd_exec_host *exec; /* the executors that run module code (exec.h) */
     uv_timer_t exec_watch;     /* their memory watchdog */
@@ -152,8 +152,11 @@ void gd_graphs_stop(gd_daemon_t *d);
 void gd_graphs_session_ended(gd_daemon_t *d, gd_session_t *s);
 /* A REPLAY frame from an attached session; the reply goes out on wire. */
 void gd_replay_frame(gd_daemon_t *d, gd_session_t *s, gd_wire_t *wire, const graphd_frame_t *f);
-/* The worker of a device ("cuda:0"), or NULL. */
-gd_worker_t *gd_worker_for(gd_daemon_t *d, const char *device);
+/* The worker of uid's executor on device ("cuda:0"), and that executor in *x (optional); both made
+ * on first use. NULL when the device is not there, the workers are stopping, or out of memory
+ * (logged). */
+struct gd_exec;
+gd_worker_t *gd_worker_for(gd_daemon_t *d, uid_t uid, const char *device, struct gd_exec **x);
 /* Whether a pool holds graphs (it cannot be deleted then), and forgetting a deleted pool. */
 void gd_graphs_pool_deleted(gd_daemon_t *d, const char *pool);
 /* Status sections for graphs and per-pool graph figures (graphd.pb-c.h types; status.c): the

@@ -1,10 +1,10 @@
 /*
  * Replay connections: a session's REPLAY frames go straight to the executor that holds the graph
  * (exec_proto.h, "the direct data plane"), on a socket pair the daemon makes at the session's
- * DIRECT frame: one end goes to the executor (CONN_OPEN, on the graph's worker, in the session's
- * queue), the other to the client with the reply. The daemon keeps a descriptor of the
- * executor's end (a link), so that it can end the connection without asking the executor: at the
- * session's end, and when the executor is killed or dies (the executor's own end goes with it,
+ * DIRECT frame: one end goes to the executor (CONN_OPEN, on the worker of the graph's executor,
+ * in the session's queue), the other to the client with the reply. The daemon keeps a descriptor of
+ * the executor's end (a link), so that it can end the connection without asking the executor: at
+ * the session's end, and when the executor is killed or dies (the executor's own end goes with it,
  * but the daemon's would keep the socket open). The client sees EOF, asks DIRECT again, and is
  * told why: the bound its replay passed, or how the executor died.
  */

@@ -17,8 +17,8 @@
  * from the loop: both jump past every wait), so that no stream of the daemon waits forever on a
  * client that is gone, and nothing queued behind such a wait on the worker hangs the device.
  *
- * The objects are made and destroyed on the device's worker thread; the session's list of them
- * belongs to the loop.
+ * The objects are made and destroyed on the worker of the session's uid's executor on the device
+ * (they live in that executor); the session's list of them belongs to the loop.
  */
 #include "daemon.h"
 #include "exec.h"
@@ -37,14 +37,14 @@ _Static_assert(GR_SEQ_BYTES == GRAPHD_SEQ_BYTES && GR_SEQ_READY_OFFSET == GRAPHD
 
 struct gd_order {
     gd_order_kind_t kind;
-    char device[32]; /* "cuda:0" */
-    gd_worker_t *worker;
-    uint64_t session;  /* whose queue its jobs go to (worker.h) */
-    gd_exec_t *x;      /* the session's uid's executor on the device */
-    gd_xevent_t *wait; /* EVENTS: the client's, opened there */
-    gd_xevent_t *done; /* EVENTS: the executor's */
-    gd_xseq_t *seq;    /* SEQ */
-    uint64_t last;     /* SEQ: the last sequence number taken */
+    char device[32];     /* "cuda:0" */
+    gd_worker_t *worker; /* x's */
+    uint64_t session;    /* whose queue its jobs go to (worker.h) */
+    gd_exec_t *x;        /* the session's uid's executor on the device */
+    gd_xevent_t *wait;   /* EVENTS: the client's, opened there */
+    gd_xevent_t *done;   /* EVENTS: the executor's */
+    gd_xseq_t *seq;      /* SEQ */
+    uint64_t last;       /* SEQ: the last sequence number taken */
     gd_order_t *next;
 };
 
@@ -168,9 +168,8 @@ void gd_order_frame(gd_daemon_t *d, gd_session_t *s, gd_wire_t *wire, const grap
     gd_order_kind_t kind = f->type == GRAPHD_FRAME_EVENTS ? GD_ORDER_EVENTS : GD_ORDER_SEQ;
     char device[32];
     snprintf(device, sizeof device, "cuda:%llu", (unsigned long long)f->id);
-    gd_worker_t *w = gd_worker_for(d, device);
     char msg[96];
-    if (w == NULL) {
+    if (gd_device_find(d, device) == NULL) {
         snprintf(msg, sizeof msg, "no device %s", device);
         send_reply(wire, kind, f->seq, f->id, GD_NOT_FOUND, msg, NULL);
         return;
@@ -189,8 +188,8 @@ void gd_order_frame(gd_daemon_t *d, gd_session_t *s, gd_wire_t *wire, const grap
         return;
     }
     o->kind = kind;
-    o->x = gd_exec_get(d->exec, s->uid, device);
-    if (o->x == NULL) {
+    gd_worker_t *w = gd_worker_for(d, s->uid, device, &o->x);
+    if (w == NULL) {
         free(j);
         free(o);
         send_reply(wire, kind, f->seq, f->id, GD_RESOURCE_EXHAUSTED, "out of memory", NULL);

@@ -68,12 +68,33 @@ struct gd_exec {
     gd_exec_t *next;
 };
 
+/* One posix_spawn for the spawner thread. */
+typedef struct spawn_req {
+    const posix_spawn_file_actions_t *fa;
+    const posix_spawnattr_t *sa;
+    char *const *argv;
+    pid_t pid;
+    int rc;
+    bool done;
+    struct spawn_req *next;
+} spawn_req_t;
+
 struct gd_exec_host {
     pthread_mutex_t mu; /* the list, each executor's pid/pidfd for the watchdog, opts' bounds */
     gd_exec_opts_t o;
     char path[4096];
     gd_exec_t *list;
     char off[256];
+    /* The spawner: a thread that lives as long as the host and makes every executor process.
+     * An executor's PR_SET_PDEATHSIG (its end when the daemon dies) fires when the thread that
+     * made it ends, not the daemon: made by a worker, whose thread exits when idle (worker.h),
+     * an executor would be SIGKILLed with that thread. */
+    pthread_t spawner;
+    pthread_mutex_t spawn_mu;
+    pthread_cond_t spawn_cond; /* a request came, or spawn_stop */
+    pthread_cond_t spawn_done; /* a request was served */
+    spawn_req_t *spawn_q;
+    bool spawn_stop;
 };
 
 /* An object in one executor's process. */
@@ -153,6 +174,46 @@ static const char *op_name(uint32_t op)
 
 /* ---- the host ---------------------------------------------------------------------------- */
 
+static void *spawner_main(void *arg)
+{
+    gd_exec_host_t *h = arg;
+    pthread_setname_np(pthread_self(), "graphd-spawn");
+    pthread_mutex_lock(&h->spawn_mu);
+    for (;;) {
+        while (h->spawn_q == NULL && !h->spawn_stop)
+            pthread_cond_wait(&h->spawn_cond, &h->spawn_mu);
+        if (h->spawn_q == NULL)
+            break;
+        spawn_req_t *r = h->spawn_q;
+        h->spawn_q = r->next;
+        pthread_mutex_unlock(&h->spawn_mu);
+        r->rc = posix_spawn(&r->pid, h->path, r->fa, r->sa, r->argv, environ);
+        pthread_mutex_lock(&h->spawn_mu);
+        r->done = true;
+        pthread_cond_broadcast(&h->spawn_done);
+    }
+    pthread_mutex_unlock(&h->spawn_mu);
+    return NULL;
+}
+
+/* posix_spawn of the executor binary, made by the spawner thread; its error number or 0. */
+static int spawn(gd_exec_host_t *h, const posix_spawn_file_actions_t *fa,
+                 const posix_spawnattr_t *sa, char *const *argv, pid_t *pid)
+{
+    spawn_req_t r = {.fa = fa, .sa = sa, .argv = argv};
+    pthread_mutex_lock(&h->spawn_mu);
+    spawn_req_t **pp = &h->spawn_q;
+    while (*pp)
+        pp = &(*pp)->next;
+    *pp = &r;
+    pthread_cond_signal(&h->spawn_cond);
+    while (!r.done)
+        pthread_cond_wait(&h->spawn_done, &h->spawn_mu);
+    pthread_mutex_unlock(&h->spawn_mu);
+    *pid = r.pid;
+    return r.rc;
+}
+
 int gd_exec_host_create(const gd_exec_opts_t *opts, gd_exec_host_t **out)
 {
     gd_exec_host_t *h = calloc(1, sizeof *h);
@@ -164,6 +225,18 @@ int gd_exec_host_create(const gd_exec_opts_t *opts, gd_exec_host_t **out)
     h->o.path = h->path;
     if (access(h->path, X_OK) != 0) {
         gd_error("executor binary %s: %s (set executor_path)", h->path, strerror(errno));
+        pthread_mutex_destroy(&h->mu);
+        free(h);
+        return -1;
+    }
+    pthread_mutex_init(&h->spawn_mu, NULL);
+    pthread_cond_init(&h->spawn_cond, NULL);
+    pthread_cond_init(&h->spawn_done, NULL);
+    if (pthread_create(&h->spawner, NULL, spawner_main, h) != 0) {
+        gd_error("cannot start the executors' spawner thread");
+        pthread_cond_destroy(&h->spawn_done);
+        pthread_cond_destroy(&h->spawn_cond);
+        pthread_mutex_destroy(&h->spawn_mu);
         pthread_mutex_destroy(&h->mu);
         free(h);
         return -1;
@@ -305,6 +378,15 @@ void gd_exec_host_destroy(gd_exec_host_t *h, uint64_t grace_ms)
         pthread_mutex_destroy(&x->urgent_mu);
         free(x);
     }
+    /* After every executor is reaped: the spawner's end would SIGKILL those still running. */
+    pthread_mutex_lock(&h->spawn_mu);
+    h->spawn_stop = true;
+    pthread_cond_signal(&h->spawn_cond);
+    pthread_mutex_unlock(&h->spawn_mu);
+    pthread_join(h->spawner, NULL);
+    pthread_cond_destroy(&h->spawn_done);
+    pthread_cond_destroy(&h->spawn_cond);
+    pthread_mutex_destroy(&h->spawn_mu);
     pthread_mutex_destroy(&h->mu);
     free(h);
 }
@@ -683,7 +765,7 @@ static int start(gd_exec_t *x)
     sigemptyset(&none);
     posix_spawnattr_setsigmask(&sa, &none);
     pid_t pid = 0;
-    int rc = posix_spawn(&pid, h->path, &fa, &sa, argv, environ);
+    int rc = spawn(h, &fa, &sa, argv, &pid);
     posix_spawn_file_actions_destroy(&fa);
     posix_spawnattr_destroy(&sa);
     close(ch[1]);
@@ -1568,6 +1650,11 @@ int gd_exec_device_alloc(gd_exec_t *x, const char *device, uint64_t bytes, gd_xb
                          uint8_t handle[GR_IPC_HANDLE_SIZE])
 {
     return make_obj(x, GX_OP_DEVICE_ALLOC, device, bytes, NULL, handle, sizeof **out, (void **)out);
+}
+
+gd_exec_t *gd_exec_block_exec(const gd_xblock_t *b)
+{
+    return b->r.x;
 }
 
 int gd_exec_device_free(gd_xblock_t *blk)

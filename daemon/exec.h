@@ -5,12 +5,15 @@
  * restarts executors, and mirrors graph_runtime's C ABI with handles that name an object in one
  * executor (gd_exec_* for gr_*). The daemon never loads libtorch modules itself.
  *
- * Threads. Each call waits for its executor's answer (a device worker, or the loop's thread pool
- * for module loads), one caller at a time per executor; none may be made on the loop thread,
- * except those marked "never blocks". A call that takes longer than its bound kills the executor
- * (SIGKILL) and fails with GR_ETIMEDOUT; so does one whose executor dies (GR_ELOST) or is killed
- * by the memory watchdog (GR_ENOMEM). The next call to that (uid, device) starts a fresh
- * executor; objects of the old one fail with GR_ELOST (destroying them succeeds and does
+ * Threads. Each call waits for its executor's answer, one caller at a time per executor (x->mu).
+ * The daemon makes every call on the executor's own worker (worker.h: one per executor, so a
+ * stuck executor holds up no other executor's calls): module loads on the uid's cpu:0 worker,
+ * and every call on an object on the worker of the object's executor (gd_exec_graph_exec,
+ * gd_exec_block_exec). None may be made on the loop thread, except those marked "never blocks"
+ * (and at shutdown, once the workers are joined). A call that takes longer than its bound kills
+ * the executor (SIGKILL) and fails with GR_ETIMEDOUT; so does one whose executor dies (GR_ELOST)
+ * or is killed by the memory watchdog (GR_ENOMEM). The next call to that (uid, device) starts a
+ * fresh executor; objects of the old one fail with GR_ELOST (destroying them succeeds and does
  * nothing).
  */
 #ifndef GD_EXEC_H
@@ -169,6 +172,8 @@ void gd_exec_host_direct(gd_exec_host_t *h, uint64_t *replays_dropped, uint64_t 
 int gd_exec_device_alloc(gd_exec_t *x, const char *device, uint64_t bytes, gd_xblock_t **out,
                          uint8_t handle[GR_IPC_HANDLE_SIZE]);
 int gd_exec_device_free(gd_xblock_t *b); /* NULL: no-op */
+/* The executor b lives in (whose worker frees it: worker.h). Never blocks. */
+gd_exec_t *gd_exec_block_exec(const gd_xblock_t *b);
 int gd_exec_event_create(gd_exec_t *x, const char *device, gd_xevent_t **out,
                          uint8_t handle[GR_IPC_HANDLE_SIZE]);
 int gd_exec_event_open(gd_exec_t *x, const char *device, const uint8_t handle[GR_IPC_HANDLE_SIZE],

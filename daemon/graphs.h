@@ -36,13 +36,18 @@ struct gd_module {
  * handed to both captures, the activations the first saved for its BACKWARD. Each runtime pool
  * also has a stream of its own (the CUDA family's make_pool), so two sessions' replays may overlap
  * on the device. The daemon's pool (its name, device, limit, regions, status) is still one.
- * Only the pool's worker touches rpools (creates, counts, measures, destroys them).
+ * A runtime pool lives in its session's uid's executor, and only that executor's worker touches
+ * it (creates, counts, measures, destroys it); a pool used by several uids has runtime pools on
+ * several workers, so the list itself is under the pool's rlock.
  */
 typedef struct gd_rpool {
     uint64_t session;
-    gd_xpool_t *gp;    /* in the session's executor on the pool's device */
-    uint32_t graphs;   /* graphs captured in it and not yet destroyed */
-    uint32_t captures; /* captures in flight that hold it (gd_rpool_get to gd_rpool_put) */
+    gd_worker_t *worker; /* its executor's */
+    gd_xpool_t *gp;      /* in the session's executor on the pool's device */
+    uint32_t graphs;     /* graphs captured in it and not yet destroyed */
+    uint32_t captures;   /* captures in flight that hold it (gd_rpool_get to gd_rpool_put) */
+    /* its graph mempool's bytes as its worker last measured them (gr_pool_memory) */
+    atomic_uint_fast64_t reserved, in_use;
     struct gd_rpool *next;
 } gd_rpool_t;
 
@@ -59,8 +64,9 @@ typedef struct gd_borrow {
 
 struct gd_gpool {
     char name[PM_NAME_MAX + 1];
-    gd_worker_t *worker;
-    gd_rpool_t *rpools; /* per session, created by the worker at the session's first capture */
+    char device[32];
+    pthread_mutex_t rlock; /* rpools, the list (its entries are their workers') */
+    gd_rpool_t *rpools;    /* per session, created by its worker at the session's first capture */
     gd_borrow_t *borrows;
     uint32_t graphs;
     /* captures in flight in it (loop-side): a deleted pool's runtime state waits for them too,
@@ -68,8 +74,9 @@ struct gd_gpool {
      * middle of a capture deletes its own pool under it) */
     uint32_t captures;
     bool deleted;
+    uint32_t destroying; /* a deleted pool's runtime pools being destroyed on their workers */
     gd_hist_t latency;
-    /* graph mempool bytes (gr_pool_memory), written by the worker, read by status */
+    /* graph mempool bytes, the sum of its runtime pools' (written by workers, read by status) */
     atomic_uint_fast64_t mempool_reserved, mempool_in_use;
     gd_gpool_t *next;
 };
@@ -78,8 +85,8 @@ struct gd_graph {
     uint64_t id;
     uint64_t session;
     gd_gpool_t *pool;
-    gd_rpool_t *rpool; /* the session's runtime pool in it (worker-side) */
-    gd_worker_t *worker;
+    gd_rpool_t *rpool;   /* the session's runtime pool in it (worker-side) */
+    gd_worker_t *worker; /* its executor's: (session's uid, pool's device) */
     gd_xgraph_t *g;
     uint64_t region_id;
     uint64_t region_bytes;
@@ -95,20 +102,19 @@ struct gd_graph {
 
 /* lifetime.c */
 void gd_module_unref(gd_daemon_t *d, gd_module_t *m);
-/* The session's runtime pool in p, created on first use, held for one capture; on p's worker.
- * GR_OK, or an error with its message in msg. */
-int gd_rpool_get(gd_gpool_t *p, uint64_t session, gd_exec_t *x, gd_rpool_t **out, char *msg,
-                 size_t len);
+/* The session's runtime pool in p, created on first use in x (the session's uid's executor on
+ * p's device), held for one capture; on w, x's worker. GR_OK, or an error with its message in
+ * msg. */
+int gd_rpool_get(gd_gpool_t *p, uint64_t session, gd_exec_t *x, gd_worker_t *w, gd_rpool_t **out,
+                 char *msg, size_t len);
 /* The capture that held r is over (its graphs, if any, counted in r->graphs): a runtime pool
- * left with no graph and no capture goes. On p's worker. */
+ * left with no graph and no capture goes, one still held is measured for status. On r's worker. */
 void gd_rpool_put(gd_gpool_t *p, gd_rpool_t *r);
-gd_gpool_t *gd_gpool_get(gd_daemon_t *d, const char *name, gd_worker_t *w);
+gd_gpool_t *gd_gpool_get(gd_daemon_t *d, const char *name, const char *device);
 gd_gpool_t *gd_gpool_find(gd_daemon_t *d, const char *name);
 /* A capture in p is over (on the loop, after its graphs are registered): a deleted pool with no
  * graph and no capture left is freed. */
 void gd_gpool_capture_done(gd_daemon_t *d, gd_gpool_t *p);
-/* Measures p's graph mempools into the figures status reads; on p's worker. */
-void gd_gpool_measure(gd_gpool_t *p);
 /* The borrowed region of the mempool segment e lies in, for g's session. */
 int gd_graph_borrow(gd_graph_t *g, pm_pool_t *pool, const gr_external_t *e, uint64_t *region_id);
 /* Unlinks g and destroys it on its worker; the region is freed when free_region. */

@@ -267,10 +267,11 @@ static void alloc_reply(gd_call_t *call, const pm_region_t *r)
     gd_call_reply(call, &rep.base);
 }
 
-/* AllocRegion with device: the block is allocated on the device's worker, behind the work queued
- * there (gr_device_alloc: cudaMalloc, exported with CUDA IPC), and registered on the loop, where
- * the pool's limit is checked again (it was checked first so that a refused region costs no
- * cudaMalloc). A block no region took is freed on the worker. */
+/* AllocRegion with device: the block is allocated in the session's uid's executor on the device,
+ * on that executor's worker, behind the work queued there (gr_device_alloc: cudaMalloc, exported
+ * with CUDA IPC), and registered on the loop, where the pool's limit is checked again (it was
+ * checked first so that a refused region costs no cudaMalloc). A block no region took is freed on
+ * the worker. */
 typedef struct {
     gd_job_t job;
     gd_daemon_t *d;
@@ -328,7 +329,7 @@ static void devregion_alloc_done(gd_job_t *job)
     if (r == NULL) { /* the block is still ours: free it behind whatever the worker holds */
         op->job.run = devregion_free_run;
         op->job.done = NULL;
-        op->job.session = 0; /* the daemon's queue (worker.h) */
+        op->job.session = 0; /* the daemon's queue of its executor's worker (worker.h) */
         gd_worker_submit(op->worker, &op->job);
         return;
     }
@@ -350,8 +351,7 @@ static void alloc_device_region(gd_daemon_t *d, gd_call_t *call, gd_session_t *s
                      info.device);
         return;
     }
-    gd_worker_t *w = gd_worker_for(d, info.device);
-    if (w == NULL) {
+    if (gd_device_find(d, info.device) == NULL) {
         gd_call_fail(call, GD_FAILED_PRECONDITION, "pool '%s' is on %s, which has no worker",
                      info.name, info.device);
         return;
@@ -362,7 +362,8 @@ static void alloc_device_region(gd_daemon_t *d, gd_call_t *call, gd_session_t *s
         return;
     }
     devregion_op_t *op = calloc(1, sizeof *op);
-    if (op == NULL || (op->x = gd_exec_get(d->exec, s->uid, w->device)) == NULL) {
+    gd_worker_t *w = op ? gd_worker_for(d, s->uid, info.device, &op->x) : NULL;
+    if (w == NULL) {
         free(op);
         gd_call_fail(call, GD_INTERNAL, "out of memory");
         return;

@@ -34,17 +34,20 @@
 #include <string.h>
 #include <unistd.h>
 
-gd_worker_t *gd_worker_for(gd_daemon_t *d, const char *device)
+gd_worker_t *gd_worker_for(gd_daemon_t *d, uid_t uid, const char *device, gd_exec_t **out)
 {
-    for (size_t i = 0; i < d->nworkers; i++)
-        if (strcmp(d->workers[i].device, device) == 0)
-            return &d->workers[i];
-    return NULL;
+    if (gd_device_find(d, device) == NULL || d->exec == NULL)
+        return NULL;
+    gd_exec_t *x = gd_exec_get(d->exec, uid, device);
+    gd_worker_t *w = x ? gd_workers_get(&d->workers, x, uid, device) : NULL;
+    if (out)
+        *out = x;
+    return w;
 }
 
 /* ---- device memory ----------------------------------------------------- */
 
-/* Frees one device block on its device's worker, after whatever is queued there. */
+/* Frees one device block on the worker of its executor, after whatever is queued there. */
 typedef struct {
     gd_job_t job;
     char device[GR_DEVICE_MAX];
@@ -63,8 +66,10 @@ static void devfree_run(gd_job_t *job)
 static void device_free_hook(void *ctx, const char *device, void *ptr, uint64_t size)
 {
     gd_daemon_t *d = ctx;
-    gd_worker_t *w = gd_worker_for(d, device);
-    if (w == NULL) { /* the workers have stopped: nothing can use the memory any more */
+    /* Only the executor that allocated the block can use it (it is in that one's address space):
+     * its worker's jobs are the ones to follow. */
+    gd_worker_t *w = gd_workers_find(&d->workers, gd_exec_block_exec(ptr));
+    if (w == NULL) { /* the workers are gone: nothing can use the memory any more */
         if (gd_exec_device_free(ptr) != GR_OK)
             gd_warn("freeing device memory on %s: %s", device, gd_exec_last_error());
         return;
@@ -77,7 +82,7 @@ static void device_free_hook(void *ctx, const char *device, void *ptr, uint64_t 
     }
     j->job.run = devfree_run;
     j->job.done = NULL;
-    j->job.session = 0; /* the daemon's queue: after every job that may use the memory */
+    j->job.session = 0; /* the daemon's queue: after every job of the executor's */
     snprintf(j->device, sizeof j->device, "%s", device);
     j->ptr = ptr;
     gd_worker_submit(w, &j->job);
@@ -163,12 +168,9 @@ int gd_graphs_start(gd_daemon_t *d)
     uv_timer_start(&d->exec_watch, on_exec_watch, EXEC_WATCH_MS, EXEC_WATCH_MS);
     gd_info("module code runs in executors (%s), one per uid and device%s", path,
             o.sandbox ? "" : ", NOT sandboxed (executor_sandbox = 0)");
-    for (size_t i = 0; i < d->ndevices; i++) {
-        if (gd_worker_start(&d->workers[i], d->loop, d->devices[i].id, d->cfg.worker_spin_us) != 0)
-            return -1;
-        d->nworkers++;
-    }
-    bool can_spin = d->nworkers > 0 && d->workers[0].can_spin;
+    if (gd_workers_init(&d->workers, d->loop, d->cfg.worker_spin_us, d->cfg.worker_idle_ms) != 0)
+        return -1;
+    bool can_spin = d->workers.can_spin;
     if (!can_spin && (d->cfg.worker_spin_us > 0 || d->cfg.replay_spin_us > 0))
         gd_info("worker_spin_us and replay_spin_us ignored: fewer than 4 CPUs, idle threads "
                 "sleep at once");
@@ -209,27 +211,24 @@ void gd_graphs_stop(gd_daemon_t *d)
      * then is in a module that does not return (a forward that loops for ever): nothing can
      * stop that thread, and freeing what it uses would crash, so the daemon exits around it. */
     uint64_t wait_ms = d->cfg.shutdown_grace_ms ? d->cfg.shutdown_grace_ms : 1;
-    bool killed = false;
-    for (size_t i = 0; i < d->nworkers; i++) {
-        if (gd_worker_stop_within(&d->workers[i], wait_ms))
-            continue;
-        if (!killed) {
-            /* The worker waits for an executor that does not answer (a module that does not
-             * return): killing the executors ends that wait. */
-            gd_warn("the worker of %s is still in a call %llu ms after the last grace period; "
-                    "killing the executors",
-                    d->workers[i].device, (unsigned long long)wait_ms);
-            gd_exec_host_kill_all(d->exec);
-            killed = true;
-            if (gd_worker_stop_within(&d->workers[i], wait_ms))
-                continue;
-        }
-        gd_error("the worker of %s is still in a call after its executors were killed; exiting "
-                 "without it",
-                 d->workers[i].device);
+    gd_workers_stop_begin(&d->workers);
+    gd_worker_t *stuck = gd_workers_join(&d->workers, wait_ms);
+    if (stuck != NULL) {
+        /* The worker waits for an executor that does not answer (a module that does not
+         * return): killing the executors ends that wait. */
+        gd_warn("the worker of uid %u on %s is still in a call %llu ms after the last grace "
+                "period; killing the executors",
+                (unsigned)stuck->uid, stuck->device, (unsigned long long)wait_ms);
+        gd_exec_host_kill_all(d->exec);
+        stuck = gd_workers_join(&d->workers, wait_ms);
+    }
+    if (stuck != NULL) {
+        gd_error("the worker of uid %u on %s is still in a call after its executors were killed; "
+                 "exiting without it",
+                 (unsigned)stuck->uid, stuck->device);
         gd_exit_around_stuck_work(d);
     }
-    d->nworkers = 0;
+    gd_workers_close(&d->workers); /* after it, device blocks are freed on the loop */
     while (d->modules) {
         gd_module_t *m = d->modules;
         d->modules = m->next;
@@ -240,6 +239,7 @@ void gd_graphs_stop(gd_daemon_t *d)
         gd_gpool_t *p = d->gpools;
         d->gpools = p->next;
         rpools_destroy(p);
+        pthread_mutex_destroy(&p->rlock);
         free(p);
     }
     if (d->exec) {
@@ -251,26 +251,60 @@ void gd_graphs_stop(gd_daemon_t *d)
     d->cgroup = NULL;
 }
 
-/* Destroys every runtime pool of p (its graphs are gone); on p's worker, or after it stopped. */
+/* Destroys r and forgets it (its graphs are gone); on its worker, or after the workers stopped.
+ * The rlock is not held. */
+static void rpool_destroy(gd_gpool_t *p, gd_rpool_t *r)
+{
+    if (gd_exec_pool_destroy(r->gp) != GR_OK)
+        gd_warn("pool %s: %s", p->name, gd_exec_last_error());
+    free(r);
+}
+
+/* Destroys every runtime pool of p (its graphs are gone), after the workers stopped. */
 static void rpools_destroy(gd_gpool_t *p)
 {
     while (p->rpools) {
         gd_rpool_t *r = p->rpools;
         p->rpools = r->next;
-        if (gd_exec_pool_destroy(r->gp) != GR_OK)
-            gd_warn("pool %s: %s", p->name, gd_exec_last_error());
-        free(r);
+        rpool_destroy(p, r);
     }
 }
 
-/* The session's runtime pool in p, created on first use; on p's worker. GR_OK, or an error with
- * its message in msg. */
-int gd_rpool_get(gd_gpool_t *p, uint64_t session, gd_exec_t *x, gd_rpool_t **out, char *msg,
-                 size_t len)
+/* Sums p's runtime pools' last measures into the figures status reads. Any worker. */
+static void gpool_sum(gd_gpool_t *p)
 {
+    uint64_t reserved = 0, in_use = 0;
+    pthread_mutex_lock(&p->rlock);
+    for (gd_rpool_t *r = p->rpools; r; r = r->next) {
+        reserved += atomic_load(&r->reserved);
+        in_use += atomic_load(&r->in_use);
+    }
+    atomic_store(&p->mempool_reserved, reserved);
+    atomic_store(&p->mempool_in_use, in_use);
+    pthread_mutex_unlock(&p->rlock);
+}
+
+/* Unlinks r from p's list. */
+static void rpool_unlink(gd_gpool_t *p, gd_rpool_t *r)
+{
+    pthread_mutex_lock(&p->rlock);
+    gd_rpool_t **pp = &p->rpools;
+    while (*pp && *pp != r)
+        pp = &(*pp)->next;
+    if (*pp)
+        *pp = r->next;
+    pthread_mutex_unlock(&p->rlock);
+}
+
+int gd_rpool_get(gd_gpool_t *p, uint64_t session, gd_exec_t *x, gd_worker_t *w, gd_rpool_t **out,
+                 char *msg, size_t len)
+{
+    pthread_mutex_lock(&p->rlock);
     gd_rpool_t *r = p->rpools;
     while (r && r->session != session)
         r = r->next;
+    pthread_mutex_unlock(&p->rlock);
+    /* r, if any, is this session's: only this worker touches it. */
     if (r != NULL && r->gp != NULL && !gd_exec_pool_lost(r->gp)) {
         r->captures++;
         *out = r;
@@ -284,7 +318,7 @@ int gd_rpool_get(gd_gpool_t *p, uint64_t session, gd_exec_t *x, gd_rpool_t **out
     /* A pool left by an executor that was killed is gone with it: make it again. */
     gd_exec_pool_destroy(r->gp);
     r->gp = NULL;
-    int rc = gd_exec_pool_create(x, p->worker->device, &r->gp);
+    int rc = gd_exec_pool_create(x, p->device, &r->gp);
     if (rc != GR_OK) {
         snprintf(msg, len, "%s", gd_exec_last_error());
         if (fresh)
@@ -293,41 +327,54 @@ int gd_rpool_get(gd_gpool_t *p, uint64_t session, gd_exec_t *x, gd_rpool_t **out
     }
     if (fresh) {
         r->session = session;
+        r->worker = w;
+        atomic_init(&r->reserved, 0);
+        atomic_init(&r->in_use, 0);
+        pthread_mutex_lock(&p->rlock);
         r->next = p->rpools;
         p->rpools = r;
+        pthread_mutex_unlock(&p->rlock);
     }
     r->captures++;
     *out = r;
     return GR_OK;
 }
 
-/* Destroys r when no graph and no capture holds it any more. On the worker. */
-static void rpool_maybe_destroy(gd_gpool_t *p, gd_rpool_t *r)
+/* On r's worker, after a capture and after a graph destroy (the times the graph mempool grows or
+ * shrinks): destroys r when no graph and no capture holds it any more, else measures it. Status
+ * never asks the runtime itself: the allocator snapshot takes the allocator's locks and walks its
+ * segments (milliseconds on a busy device), and the loop thread must not wait on an executor; on
+ * the worker it also never runs beside a capture in that executor. */
+static void rpool_settle(gd_gpool_t *p, gd_rpool_t *r)
 {
-    if (r->graphs > 0 || r->captures > 0)
+    if (r->graphs > 0 || r->captures > 0) {
+        uint64_t res = 0, use = 0;
+        if (gd_exec_pool_memory(r->gp, &res, &use) != GR_OK)
+            gd_debug("pool %s: graph mempool size unknown: %s", p->name, gd_exec_last_error());
+        atomic_store(&r->reserved, res);
+        atomic_store(&r->in_use, use);
+        gpool_sum(p);
         return;
+    }
     int rc = gd_exec_pool_destroy(r->gp);
     if (rc == GR_EBUSY) /* the executor still has a use of it: it stays */
         return;
     if (rc != GR_OK) /* the handle is gone either way */
         gd_warn("pool %s: session %llu's graph mempool: %s", p->name,
                 (unsigned long long)r->session, gd_exec_last_error());
-    gd_rpool_t **pp = &p->rpools;
-    while (*pp && *pp != r)
-        pp = &(*pp)->next;
-    if (*pp)
-        *pp = r->next;
+    rpool_unlink(p, r);
     free(r);
+    gpool_sum(p);
 }
 
 /* A graph of r was destroyed; the last one takes the session's graph mempool with it, unless a
- * capture of the session still holds it (for that capture's graphs). On the worker. */
+ * capture of the session still holds it (for that capture's graphs). On r's worker. */
 static void rpool_graph_gone(gd_gpool_t *p, gd_rpool_t *r)
 {
     if (r == NULL || r->graphs == 0)
         return;
     r->graphs--;
-    rpool_maybe_destroy(p, r);
+    rpool_settle(p, r);
 }
 
 void gd_rpool_put(gd_gpool_t *p, gd_rpool_t *r)
@@ -335,10 +382,10 @@ void gd_rpool_put(gd_gpool_t *p, gd_rpool_t *r)
     if (r == NULL || r->captures == 0)
         return;
     r->captures--;
-    rpool_maybe_destroy(p, r);
+    rpool_settle(p, r);
 }
 
-gd_gpool_t *gd_gpool_get(gd_daemon_t *d, const char *name, gd_worker_t *w)
+gd_gpool_t *gd_gpool_get(gd_daemon_t *d, const char *name, const char *device)
 {
     for (gd_gpool_t *p = d->gpools; p; p = p->next)
         if (strcmp(p->name, name) == 0 && !p->deleted)
@@ -347,7 +394,8 @@ gd_gpool_t *gd_gpool_get(gd_daemon_t *d, const char *name, gd_worker_t *w)
     if (p == NULL)
         return NULL;
     snprintf(p->name, sizeof p->name, "%s", name);
-    p->worker = w;
+    snprintf(p->device, sizeof p->device, "%s", device);
+    pthread_mutex_init(&p->rlock, NULL);
     p->next = d->gpools;
     d->gpools = p;
     return p;
@@ -361,45 +409,70 @@ gd_gpool_t *gd_gpool_find(gd_daemon_t *d, const char *name)
     return NULL;
 }
 
-/* Frees a deleted pool's runtime state once no graph uses it; on its worker, since a device
- * family may need its context to free graph memory. */
+/* Unlinks and frees a pool's runtime state (its runtime pools are gone). */
+static void gpool_free(gd_daemon_t *d, gd_gpool_t *p)
+{
+    gd_gpool_t **pp = &d->gpools;
+    while (*pp && *pp != p)
+        pp = &(*pp)->next;
+    if (*pp)
+        *pp = p->next;
+    pthread_mutex_destroy(&p->rlock);
+    free(p);
+}
+
+/* A deleted pool's runtime pool left behind (its executor still had a use of it, or was
+ * restarted), destroyed on its worker, since a device family may need its context to free graph
+ * memory: in the daemon's queue, after that uid's graph destroys. */
 typedef struct {
     gd_job_t job;
     gd_daemon_t *d;
     gd_gpool_t *pool;
+    gd_rpool_t *rpool;
 } gpool_job_t;
 
 static void gpool_destroy_run(gd_job_t *job)
 {
     gpool_job_t *j = (gpool_job_t *)job;
-    rpools_destroy(j->pool);
+    rpool_destroy(j->pool, j->rpool);
 }
 
 static void gpool_destroy_done(gd_job_t *job)
 {
     gpool_job_t *j = (gpool_job_t *)job;
-    gd_gpool_t **pp = &j->d->gpools;
-    while (*pp && *pp != j->pool)
-        pp = &(*pp)->next;
-    if (*pp)
-        *pp = j->pool->next;
-    free(j->pool);
+    if (--j->pool->destroying == 0)
+        gpool_free(j->d, j->pool);
     free(j);
 }
 
+/* Frees a deleted pool's runtime state once no graph and no capture uses it. */
 static void gpool_maybe_free(gd_daemon_t *d, gd_gpool_t *p)
 {
-    if (!p->deleted || p->graphs > 0 || p->captures > 0)
+    if (!p->deleted || p->graphs > 0 || p->captures > 0 || p->destroying > 0)
         return;
-    gpool_job_t *j = calloc(1, sizeof *j);
-    if (j == NULL)
-        return; /* freed at exit instead */
-    j->job.run = gpool_destroy_run;
-    j->job.done = gpool_destroy_done;
-    j->job.session = 0; /* the daemon's queue: after every session's graph destroys */
-    j->d = d;
-    j->pool = p;
-    gd_worker_submit(p->worker, &j->job);
+    /* Every job of the pool has run (the last graph destroy is done): its list is the loop's. */
+    gd_rpool_t *rest = NULL;
+    while (p->rpools) {
+        gd_rpool_t *r = p->rpools;
+        p->rpools = r->next;
+        gpool_job_t *j = calloc(1, sizeof *j);
+        if (j == NULL) { /* freed at exit instead */
+            r->next = rest;
+            rest = r;
+            continue;
+        }
+        j->job.run = gpool_destroy_run;
+        j->job.done = gpool_destroy_done;
+        j->job.session = 0; /* the daemon's queue: after that uid's graph destroys */
+        j->d = d;
+        j->pool = p;
+        j->rpool = r;
+        p->destroying++;
+        gd_worker_submit(r->worker, &j->job);
+    }
+    p->rpools = rest;
+    if (p->destroying == 0 && rest == NULL)
+        gpool_free(d, p);
 }
 
 void gd_gpool_capture_done(gd_daemon_t *d, gd_gpool_t *p)
@@ -437,8 +510,7 @@ static void graph_destroy_run(gd_job_t *job)
     gd_hist_merge(&j->graph->pool->latency, &last.latency);
     j->direct_replays = last.forward + last.backward + last.errors;
     j->graph->g = NULL;
-    rpool_graph_gone(j->graph->pool, j->graph->rpool);
-    gd_gpool_measure(j->graph->pool);
+    rpool_graph_gone(j->graph->pool, j->graph->rpool); /* and measures it for status */
 }
 
 static void graph_destroy_done(gd_job_t *job)
@@ -595,27 +667,4 @@ void gd_rpc_release_graph(void *ctx, gd_call_t *call, const ProtobufCMessage *ms
     gd_graph_release(d, g, true);
     Graphd__V1__ReleaseGraphReply rep = GRAPHD__V1__RELEASE_GRAPH_REPLY__INIT;
     gd_call_reply(call, &rep.base);
-}
-
-/* ---- status ------------------------------------------------------------ */
-
-/* On the pool's worker, after a capture and after a graph destroy (the times the graph mempool
- * grows or shrinks): measures it into the atomics that status reads. Status never asks the
- * runtime itself: the allocator snapshot takes the allocator's locks and walks its segments
- * (milliseconds on a busy device), and the loop thread must not wait on libtorch or a device;
- * on the worker it also never runs beside a capture of that device. */
-void gd_gpool_measure(gd_gpool_t *p)
-{
-    uint64_t reserved = 0, in_use = 0;
-    for (gd_rpool_t *r = p->rpools; r; r = r->next) {
-        uint64_t res = 0, use = 0;
-        if (gd_exec_pool_memory(r->gp, &res, &use) != GR_OK) {
-            gd_debug("pool %s: graph mempool size unknown: %s", p->name, gd_exec_last_error());
-            continue;
-        }
-        reserved += res;
-        in_use += use;
-    }
-    atomic_store(&p->mempool_reserved, reserved);
-    atomic_store(&p->mempool_in_use, in_use);
 }

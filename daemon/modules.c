@@ -1,5 +1,6 @@
-/* Modules: RegisterModule loads TorchScript in the uid's executor (from the loop's thread pool,
- * which waits for it); ReleaseModule. */
+/* Modules: RegisterModule loads TorchScript in the uid's cpu:0 executor (on that executor's
+ * worker, in the session's queue: a load waits only for its own uid's executor, never in a pool
+ * of threads that another uid's stuck executor could fill); ReleaseModule. */
 #include "graphs.h"
 #include "graphd.pb-c.h"
 #include "log.h"
@@ -13,7 +14,7 @@
 /* ---- modules ----------------------------------------------------------- */
 
 typedef struct {
-    uv_work_t work;
+    gd_job_t job;
     gd_daemon_t *d;
     gd_call_t *call;
     uint64_t session;
@@ -31,18 +32,17 @@ typedef struct {
     gr_module_info_t info;
 } load_op_t;
 
-static void load_run(uv_work_t *w)
+static void load_run(gd_job_t *job)
 {
-    load_op_t *op = w->data;
+    load_op_t *op = (load_op_t *)job;
     op->rc = gd_exec_module_load(op->x, op->bytes, op->len, &op->m, &op->info);
     if (op->rc != GR_OK)
         snprintf(op->msg, sizeof op->msg, "%s", gd_exec_last_error());
 }
 
-static void load_done(uv_work_t *w, int status)
+static void load_done(gd_job_t *job)
 {
-    (void)status;
-    load_op_t *op = w->data;
+    load_op_t *op = (load_op_t *)job;
     gd_daemon_t *d = op->d;
     if (op->map)
         munmap(op->map, op->map_len);
@@ -123,8 +123,8 @@ void gd_rpc_register_module(void *ctx, gd_call_t *call, const ProtobufCMessage *
     op->d = d;
     op->call = call;
     op->session = s->id;
-    op->x = gd_exec_get(d->exec, s->uid, "cpu:0");
-    if (op->x == NULL) {
+    gd_worker_t *w = gd_worker_for(d, s->uid, "cpu:0", &op->x);
+    if (w == NULL) {
         gd_call_fail(call, GD_INTERNAL, "out of memory");
         free(op);
         return;
@@ -198,8 +198,10 @@ void gd_rpc_register_module(void *ctx, gd_call_t *call, const ProtobufCMessage *
         free(op);
         return;
     }
-    op->work.data = op;
-    uv_queue_work(d->loop, &op->work, load_run, load_done);
+    op->job.run = load_run;
+    op->job.done = load_done; /* no drop: a load runs even if its session ends meanwhile */
+    op->job.session = s->id;
+    gd_worker_submit(w, &op->job);
 }
 
 /* Finds a module handle of session s; on failure finishes the call. */

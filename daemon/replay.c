@@ -1,5 +1,5 @@
-/* Replays: REPLAY frames from the session socket and the Replay RPC, run on the graph's
- * device worker. */
+/* Replays: REPLAY frames from the session socket and the Replay RPC, run on the worker of the
+ * graph's executor. */
 #include "graphs.h"
 #include "graphd.pb-c.h"
 #include "log.h"

@@ -487,9 +487,7 @@ void gd_session_end(gd_daemon_t *d, gd_session_t *s, const char *why)
     gd_order_session_ended(s);  /* first: a graph's stream may wait on this client's counter */
     gd_direct_session_ended(s); /* its executors drop the replays it still has queued there */
     /* Its queued replays go unrun (an RPC replay's call fails); its destroys stay queued. */
-    uint64_t dropped = 0;
-    for (size_t i = 0; i < d->nworkers; i++)
-        dropped += gd_worker_session_ended(&d->workers[i], s->id);
+    uint64_t dropped = gd_workers_session_ended(&d->workers, s->uid, s->id);
     if (dropped > 0) {
         d->replays_dropped += dropped;
         gd_info("session %llu (%s): dropped %llu queued replays", (unsigned long long)s->id,

@@ -1,8 +1,9 @@
-/* Device worker threads and their per-session queues (see worker.h). */
+/* Workers, one per executor, their threads and their per-session queues (see worker.h). */
 #include "worker.h"
 #include "daemon.h"
 #include "log.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -135,13 +136,13 @@ static gd_job_t *take_next(gd_worker_t *w)
     return job;
 }
 
-/* Polls for a job submitted after seen, for at most w->spin_ns or until w->hot_until, whichever
+/* Polls for a job submitted after seen, for at most spin_ns or until w->hot_until, whichever
  * is later; called without the lock. */
 static void spin_for_work(gd_worker_t *w, uint_fast64_t seen)
 {
-    if (!w->can_spin)
+    if (!w->set->can_spin)
         return;
-    uint64_t until = gd_now_ns() + w->spin_ns;
+    uint64_t until = gd_now_ns() + w->set->spin_ns;
     do {
         uint64_t hot = atomic_load_explicit(&w->hot_until, memory_order_relaxed);
         if (hot > until)
@@ -156,41 +157,72 @@ static void spin_for_work(gd_worker_t *w, uint_fast64_t seen)
     } while (gd_now_ns() < until);
 }
 
+/* Waits on the condition variable for work or a stop, under the lock; false when idle_ns passed
+ * without either (the thread should exit). */
+static bool wait_for_work(gd_worker_t *w)
+{
+    uint64_t idle_ns = w->set->idle_ns;
+    if (idle_ns == 0) {
+        while (!has_work(w) && !w->stopping)
+            pthread_cond_wait(&w->cond, &w->lock);
+        return true;
+    }
+    struct timespec until;
+    clock_gettime(CLOCK_MONOTONIC, &until);
+    uint64_t ns = (uint64_t)until.tv_nsec + idle_ns % 1000000000u;
+    until.tv_sec += (time_t)(idle_ns / 1000000000u + ns / 1000000000u);
+    until.tv_nsec = (long)(ns % 1000000000u);
+    while (!has_work(w) && !w->stopping)
+        if (pthread_cond_timedwait(&w->cond, &w->lock, &until) == ETIMEDOUT)
+            return has_work(w) || w->stopping;
+    return true;
+}
+
+/* Hands a job that ran to the loop for its done callback. */
+static void done_push(gd_workers_t *s, gd_job_t *job)
+{
+    job->next = NULL;
+    pthread_mutex_lock(&s->lock);
+    if (s->done_tail)
+        s->done_tail->next = job;
+    else
+        s->done_head = job;
+    s->done_tail = job;
+    pthread_mutex_unlock(&s->lock);
+    uv_async_send(&s->async);
+}
+
 static void *worker_main(void *arg)
 {
     gd_worker_t *w = arg;
-    char name[16];
-    snprintf(name, sizeof name, "gd-%.12s", w->device);
+    char name[16]; /* "gd<uid>/<device>", as much as fits */
+    char full[64];
+    snprintf(full, sizeof full, "gd%u/%s", (unsigned)w->uid, w->device);
+    snprintf(name, sizeof name, "%.15s", full);
     pthread_setname_np(pthread_self(), name);
     pthread_mutex_lock(&w->lock);
     for (;;) {
-        if (!has_work(w) && !w->stopping && w->can_spin) {
+        if (!has_work(w) && !w->stopping && w->set->can_spin) {
             uint_fast64_t seen = atomic_load_explicit(&w->submitted, memory_order_relaxed);
             pthread_mutex_unlock(&w->lock);
             spin_for_work(w, seen);
             pthread_mutex_lock(&w->lock);
         }
-        while (!has_work(w) && !w->stopping)
-            pthread_cond_wait(&w->cond, &w->lock);
-        if (!has_work(w) && w->stopping)
+        if (!wait_for_work(w) || !has_work(w)) { /* idle for idle_ns, or stopping */
+            w->running = false; /* the next job starts a thread again (not once stopping) */
             break;
+        }
         gd_job_t *job = take_next(w);
         pthread_mutex_unlock(&w->lock);
 
         bool has_done = job->done != NULL;
         job->run(job); /* may free the job when it has no done callback */
+        if (has_done)
+            done_push(w->set, job);
 
         pthread_mutex_lock(&w->lock);
-        if (has_done) {
-            job->next = NULL;
-            if (w->done_tail)
-                w->done_tail->next = job;
-            else
-                w->done_head = job;
-            w->done_tail = job;
-            uv_async_send(&w->async);
-        }
     }
+    atomic_fetch_sub(&w->set->threads, 1);
     pthread_mutex_unlock(&w->lock);
     return NULL;
 }
@@ -204,13 +236,14 @@ void gd_worker_keep_hot(gd_worker_t *w, uint64_t until)
         ;
 }
 
+/* Runs the done callbacks of the jobs that ran (on the loop). */
 static void on_done(uv_async_t *h)
 {
-    gd_worker_t *w = h->data;
-    pthread_mutex_lock(&w->lock);
-    gd_job_t *job = w->done_head;
-    w->done_head = w->done_tail = NULL;
-    pthread_mutex_unlock(&w->lock);
+    gd_workers_t *s = h->data;
+    pthread_mutex_lock(&s->lock);
+    gd_job_t *job = s->done_head;
+    s->done_head = s->done_tail = NULL;
+    pthread_mutex_unlock(&s->lock);
     while (job) {
         gd_job_t *next = job->next;
         job->done(job);
@@ -218,34 +251,95 @@ static void on_done(uv_async_t *h)
     }
 }
 
-int gd_worker_start(gd_worker_t *w, uv_loop_t *loop, const char *device, uint64_t spin_us)
+int gd_workers_init(gd_workers_t *s, uv_loop_t *loop, uint64_t spin_us, uint64_t idle_ms)
 {
-    memset(w, 0, sizeof *w);
-    snprintf(w->device, sizeof w->device, "%s", device);
-    w->daemon_q = calloc(1, sizeof *w->daemon_q);
-    if (w->daemon_q == NULL) {
-        gd_error("out of memory starting the worker for %s", device);
-        return -1;
-    }
-    w->max_queued_replays = UINT64_MAX;
+    memset(s, 0, sizeof *s);
+    s->loop = loop;
     /* With fewer than 4 CPUs a polling worker takes the core that the loop thread or the client
      * needs to produce the next job, and polling would slow replays down instead. */
-    w->can_spin = get_nprocs() >= 4;
-    w->spin_ns = w->can_spin ? spin_us * 1000u : 0;
+    s->can_spin = get_nprocs() >= 4;
+    s->spin_ns = s->can_spin ? spin_us * 1000u : 0;
+    s->idle_ns = idle_ms * 1000000u;
+    atomic_init(&s->threads, 0);
+    pthread_mutex_init(&s->lock, NULL);
+    if (uv_async_init(loop, &s->async, on_done) != 0) {
+        gd_error("cannot make the workers' wake-up");
+        pthread_mutex_destroy(&s->lock);
+        return -1;
+    }
+    s->async.data = s;
+    s->open = true;
+    return 0;
+}
+
+static gd_worker_t **worker_bucket(gd_workers_t *s, const void *key)
+{
+    return &s->buckets[((uint64_t)(uintptr_t)key * 0x9E3779B97F4A7C15ull) >> 56];
+}
+
+gd_worker_t *gd_workers_find(gd_workers_t *s, const void *key)
+{
+    if (!s->open)
+        return NULL;
+    for (gd_worker_t *w = *worker_bucket(s, key); w; w = w->hash_next)
+        if (w->key == key)
+            return w;
+    return NULL;
+}
+
+gd_worker_t *gd_workers_get(gd_workers_t *s, const void *key, uid_t uid, const char *device)
+{
+    if (!s->open || s->stopping)
+        return NULL;
+    gd_worker_t *w = gd_workers_find(s, key);
+    if (w != NULL)
+        return w;
+    if ((w = calloc(1, sizeof *w)) == NULL ||
+        (w->daemon_q = calloc(1, sizeof *w->daemon_q)) == NULL) {
+        gd_error("out of memory making the worker of uid %u on %s", (unsigned)uid, device);
+        free(w);
+        return NULL;
+    }
+    w->set = s;
+    w->key = key;
+    w->uid = uid;
+    snprintf(w->device, sizeof w->device, "%s", device);
+    w->max_queued_replays = UINT64_MAX;
     atomic_init(&w->submitted, 0);
     atomic_init(&w->hot_until, 0);
     pthread_mutex_init(&w->lock, NULL);
-    pthread_cond_init(&w->cond, NULL);
-    uv_async_init(loop, &w->async, on_done);
-    w->async.data = w;
-    if (pthread_create(&w->thread, NULL, worker_main, w) != 0) {
-        gd_error("cannot start the worker thread for %s", device);
-        uv_close((uv_handle_t *)&w->async, NULL);
-        free(w->daemon_q);
-        w->daemon_q = NULL;
-        return -1;
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC); /* for the idle timeout */
+    pthread_cond_init(&w->cond, &ca);
+    pthread_condattr_destroy(&ca);
+    gd_worker_t **b = worker_bucket(s, key);
+    w->hash_next = *b;
+    *b = w;
+    w->next = s->all;
+    s->all = w;
+    s->count++;
+    return w;
+}
+
+/* Starts w's thread when it has none running (under w->lock): joins one that exited for
+ * idleness (it has, or is about to: it let go of the lock for the last time). */
+static void thread_ensure(gd_worker_t *w)
+{
+    if (w->running || w->set->stopping)
+        return;
+    if (w->has_thread) {
+        pthread_join(w->thread, NULL);
+        w->has_thread = false;
     }
-    return 0;
+    atomic_fetch_add(&w->set->threads, 1);
+    if (pthread_create(&w->thread, NULL, worker_main, w) != 0) {
+        atomic_fetch_sub(&w->set->threads, 1);
+        /* The job stays queued: the next submit tries again. */
+        gd_error("cannot start the worker thread of uid %u on %s", (unsigned)w->uid, w->device);
+        return;
+    }
+    w->has_thread = w->running = true;
 }
 
 int gd_worker_submit(gd_worker_t *w, gd_job_t *job)
@@ -265,6 +359,7 @@ int gd_worker_submit(gd_worker_t *w, gd_job_t *job)
     job->ticket = w->tickets++;
     queue_push(q, job);
     atomic_fetch_add_explicit(&w->submitted, 1, memory_order_release);
+    thread_ensure(w);
     pthread_cond_signal(&w->cond);
     pthread_mutex_unlock(&w->lock);
     return 0;
@@ -307,39 +402,92 @@ uint64_t gd_worker_session_ended(gd_worker_t *w, uint64_t session)
     return n;
 }
 
-void gd_worker_stop(gd_worker_t *w)
+uint64_t gd_workers_session_ended(gd_workers_t *s, uid_t uid, uint64_t session)
 {
-    (void)gd_worker_stop_within(w, 0);
+    uint64_t n = 0;
+    for (gd_worker_t *w = s->open ? s->all : NULL; w; w = w->next)
+        if (w->uid == uid)
+            n += gd_worker_session_ended(w, session);
+    return n;
 }
 
-bool gd_worker_stop_within(gd_worker_t *w, uint64_t wait_ms)
+void gd_workers_stop_begin(gd_workers_t *s)
 {
-    pthread_mutex_lock(&w->lock);
-    w->stopping = true;
-    pthread_cond_signal(&w->cond);
-    pthread_mutex_unlock(&w->lock);
-    if (wait_ms == 0) {
-        pthread_join(w->thread, NULL);
-    } else {
-        struct timespec until;
-        clock_gettime(CLOCK_REALTIME, &until);
-        until.tv_sec += (time_t)(wait_ms / 1000);
-        until.tv_nsec += (long)(wait_ms % 1000) * 1000000L;
-        if (until.tv_nsec >= 1000000000L) {
-            until.tv_sec++;
-            until.tv_nsec -= 1000000000L;
+    s->stopping = true;
+    for (gd_worker_t *w = s->open ? s->all : NULL; w; w = w->next) {
+        pthread_mutex_lock(&w->lock);
+        w->stopping = true;
+        pthread_cond_signal(&w->cond);
+        pthread_mutex_unlock(&w->lock);
+    }
+}
+
+gd_worker_t *gd_workers_join(gd_workers_t *s, uint64_t wait_ms)
+{
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += (time_t)(wait_ms / 1000);
+    until.tv_nsec += (long)(wait_ms % 1000) * 1000000L;
+    if (until.tv_nsec >= 1000000000L) {
+        until.tv_sec++;
+        until.tv_nsec -= 1000000000L;
+    }
+    for (gd_worker_t *w = s->open ? s->all : NULL; w; w = w->next) {
+        /* No thread starts any more (stopping), so has_thread changes only here. */
+        if (!w->has_thread)
+            continue;
+        if (wait_ms == 0)
+            pthread_join(w->thread, NULL);
+        else if (pthread_timedjoin_np(w->thread, NULL, &until) != 0)
+            return w; /* still in a job: left as it is, for the caller to kill or exit around */
+        w->has_thread = false;
+    }
+    return NULL;
+}
+
+/* Runs w's queued jobs here, on the loop thread (its thread is gone): what done callbacks
+ * submitted after the stop. false when it had none. */
+static bool run_left(gd_worker_t *w)
+{
+    bool ran = false;
+    while (has_work(w)) {
+        gd_job_t *job = take_next(w);
+        bool has_done = job->done != NULL;
+        job->run(job);
+        if (has_done)
+            job->done(job);
+        ran = true;
+    }
+    return ran;
+}
+
+void gd_workers_close(gd_workers_t *s)
+{
+    if (!s->open)
+        return;
+    bool more = true;
+    while (more) {
+        on_done(&s->async); /* the done callbacks of the last jobs */
+        more = false;
+        for (gd_worker_t *w = s->all; w; w = w->next)
+            more = run_left(w) || more;
+    }
+    uv_close((uv_handle_t *)&s->async, NULL);
+    while (s->all) {
+        gd_worker_t *w = s->all;
+        s->all = w->next;
+        while (w->spare) {
+            gd_jobq_t *q = w->spare;
+            w->spare = q->bucket_next;
+            free(q);
         }
-        if (pthread_timedjoin_np(w->thread, NULL, &until) != 0)
-            return false; /* still in a job: left as it is, for the process to exit */
+        free(w->daemon_q);
+        pthread_mutex_destroy(&w->lock);
+        pthread_cond_destroy(&w->cond);
+        free(w);
     }
-    on_done(&w->async); /* run the done callbacks of the last jobs */
-    uv_close((uv_handle_t *)&w->async, NULL);
-    while (w->spare) {
-        gd_jobq_t *q = w->spare;
-        w->spare = q->bucket_next;
-        free(q);
-    }
-    free(w->daemon_q);
-    w->daemon_q = NULL;
-    return true;
+    memset(s->buckets, 0, sizeof s->buckets);
+    s->count = 0;
+    pthread_mutex_destroy(&s->lock);
+    s->open = false;
 }

@@ -1,7 +1,8 @@
 /* Unit tests for the session socket's write side (daemon/wire.c) and the device workers' queues
  * (daemon/worker.c): replies that the socket does not take wait in order, a passed descriptor
  * keeps to its frame, a client past the bound fails the wire once; session queues are served
- * round-robin, a daemon job waits for every earlier job, replays are dropped and bounded. */
+ * round-robin, a daemon job waits for every earlier job, replays are dropped and bounded; one
+ * worker per executor: a stuck one holds up no other's jobs, and an idle one's thread exits. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -220,25 +221,47 @@ static void tjob(tjob_t *j, const char *name, uint64_t session, bool droppable)
     j->job.drop = droppable ? drop_cb : NULL;
 }
 
-/* Starts a worker and holds it in a job until sem_post(&gate). */
-static void start_held(gd_worker_t *w, uv_loop_t *loop, tjob_t *g)
+static gd_workers_t set;
+
+/* A set on a fresh loop, threads exiting after idle_ms (0: never). */
+static void set_init(uv_loop_t *loop, uint64_t idle_ms)
 {
     uv_loop_init(loop);
     sem_init(&gate, 0, 0);
     norder = ndropped = 0;
-    assert_int_equal(gd_worker_start(w, loop, "cpu:0", 0), 0);
+    assert_int_equal(gd_workers_init(&set, loop, 0, idle_ms), 0);
+}
+
+/* Holds w in a job until sem_post(&gate). */
+static void hold(gd_worker_t *w, tjob_t *g)
+{
     memset(g, 0, sizeof *g);
     g->job.run = gate_run;
     g->job.session = 99;
+    uint64_t before = atomic_load(&w->submitted);
     assert_int_equal(gd_worker_submit(w, &g->job), 0);
-    while (atomic_load(&w->submitted) == 0)
+    while (atomic_load(&w->submitted) == before)
         ;
     usleep(20000); /* the worker has taken the gate job */
 }
 
-static void stop(gd_worker_t *w, uv_loop_t *loop)
+/* Starts a set with one worker (executor key k) and holds it in a job until sem_post(&gate). */
+static gd_worker_t *start_held(uv_loop_t *loop, tjob_t *g)
 {
-    gd_worker_stop(w);
+    static int k;
+    set_init(loop, 0);
+    gd_worker_t *w = gd_workers_get(&set, &k, 1000, "cpu:0");
+    assert_non_null(w);
+    assert_ptr_equal(gd_workers_get(&set, &k, 1000, "cpu:0"), w);
+    hold(w, g);
+    return w;
+}
+
+static void stop(uv_loop_t *loop)
+{
+    gd_workers_stop_begin(&set);
+    assert_null(gd_workers_join(&set, 0));
+    gd_workers_close(&set);
     uv_run(loop, UV_RUN_DEFAULT);
     assert_int_equal(uv_loop_close(loop), 0);
     sem_destroy(&gate);
@@ -247,10 +270,9 @@ static void stop(gd_worker_t *w, uv_loop_t *loop)
 static void sessions_take_turns_and_a_daemon_job_waits_for_earlier_ones(void **state)
 {
     (void)state;
-    gd_worker_t w;
     uv_loop_t loop;
     tjob_t g, j[7];
-    start_held(&w, &loop, &g);
+    gd_worker_t *w = start_held(&loop, &g);
     tjob(&j[0], "A1", 1, true);
     tjob(&j[1], "A2", 1, true);
     tjob(&j[2], "A3", 1, false);
@@ -259,9 +281,9 @@ static void sessions_take_turns_and_a_daemon_job_waits_for_earlier_ones(void **s
     tjob(&j[5], "B2", 2, true);
     tjob(&j[6], "C1", 3, true);
     for (int i = 0; i < 7; i++)
-        assert_int_equal(gd_worker_submit(&w, &j[i].job), 0);
+        assert_int_equal(gd_worker_submit(w, &j[i].job), 0);
     sem_post(&gate);
-    stop(&w, &loop);
+    stop(&loop);
     static const char *want[] = {"A1", "B1", "C1", "A2", "B2", "A3", "D"};
     assert_int_equal(norder, 7);
     for (int i = 0; i < 7; i++)
@@ -271,27 +293,120 @@ static void sessions_take_turns_and_a_daemon_job_waits_for_earlier_ones(void **s
 static void an_ended_sessions_replays_are_dropped_and_bounded(void **state)
 {
     (void)state;
-    gd_worker_t w;
     uv_loop_t loop;
     tjob_t g, j[5];
-    start_held(&w, &loop, &g);
-    w.max_queued_replays = 2;
+    gd_worker_t *w = start_held(&loop, &g);
+    w->max_queued_replays = 2;
     tjob(&j[0], "R1", 1, true);
     tjob(&j[1], "X", 1, false);
     tjob(&j[2], "R2", 1, true);
     tjob(&j[3], "R3", 1, true); /* past the bound */
     tjob(&j[4], "S1", 2, true);
     for (int i = 0; i < 3; i++)
-        assert_int_equal(gd_worker_submit(&w, &j[i].job), 0);
-    assert_int_equal(gd_worker_submit(&w, &j[3].job), -1);
-    assert_int_equal(gd_worker_submit(&w, &j[4].job), 0); /* another session's bound */
-    assert_int_equal(gd_worker_session_ended(&w, 1), 2);
+        assert_int_equal(gd_worker_submit(w, &j[i].job), 0);
+    assert_int_equal(gd_worker_submit(w, &j[3].job), -1);
+    assert_int_equal(gd_worker_submit(w, &j[4].job), 0); /* another session's bound */
+    assert_int_equal(gd_workers_session_ended(&set, 1000, 1), 2);
     assert_int_equal(ndropped, 2);
     sem_post(&gate);
-    stop(&w, &loop);
+    stop(&loop);
     assert_int_equal(norder, 2);
     assert_string_equal(order[0], "X");
     assert_string_equal(order[1], "S1");
+}
+
+/* ---- one worker per executor ------------------------------------------------------------- */
+
+static int ndone;
+
+static void count_done(gd_job_t *job)
+{
+    (void)job;
+    ndone++;
+}
+
+/* Waits (running the loop) until n jobs have run, for at most 2 s. */
+static bool ran_within(uv_loop_t *loop, int n)
+{
+    for (int i = 0; i < 2000 && __atomic_load_n(&norder, __ATOMIC_ACQUIRE) < n; i++) {
+        uv_run(loop, UV_RUN_NOWAIT);
+        usleep(1000);
+    }
+    return __atomic_load_n(&norder, __ATOMIC_ACQUIRE) >= n;
+}
+
+/* A worker held in a job (an executor that does not answer) holds up only its own jobs: another
+ * executor's - another uid's on the same device - run meanwhile, their done callbacks come back
+ * through the set's one wake-up, and the ended session's replays are dropped on every worker of
+ * its uid. */
+static void a_stuck_worker_holds_up_only_its_own_executors_jobs(void **state)
+{
+    (void)state;
+    uv_loop_t loop;
+    tjob_t g, j[5];
+    static int kb, kc;
+    gd_worker_t *a = start_held(&loop, &g); /* uid 1000 on cpu:0, stuck */
+    gd_worker_t *b = gd_workers_get(&set, &kb, 2000, "cpu:0");
+    gd_worker_t *c = gd_workers_get(&set, &kc, 1000, "cpu:1");
+    assert_non_null(b);
+    assert_non_null(c);
+    assert_true(a != b && b != c);
+    ndone = 0;
+    tjob(&j[0], "A1", 1, true);
+    tjob(&j[1], "B1", 2, false);
+    tjob(&j[2], "B2", 2, false);
+    tjob(&j[3], "C1", 1, true);
+    tjob(&j[4], "C2", 1, true);
+    j[1].job.done = j[2].job.done = count_done;
+    assert_int_equal(gd_worker_submit(a, &j[0].job), 0);
+    assert_int_equal(gd_worker_submit(b, &j[1].job), 0);
+    assert_int_equal(gd_worker_submit(b, &j[2].job), 0);
+    assert_true(ran_within(&loop, 2)); /* B's, while A's worker is still in its job */
+    for (int i = 0; i < 100 && ndone < 2; i++) {
+        uv_run(&loop, UV_RUN_NOWAIT);
+        usleep(1000);
+    }
+    assert_int_equal(ndone, 2);
+    assert_string_equal(order[0], "B1");
+    assert_string_equal(order[1], "B2");
+    /* Session 1 (uid 1000) has a replay queued behind the stuck job and one on cpu:1's worker,
+     * held there too. */
+    tjob_t g2;
+    hold(c, &g2);
+    assert_int_equal(gd_worker_submit(c, &j[3].job), 0);
+    assert_int_equal(gd_workers_session_ended(&set, 2000, 1), 0); /* not uid 2000's session */
+    assert_int_equal(gd_workers_session_ended(&set, 1000, 1), 2);
+    assert_int_equal(ndropped, 2);
+    sem_post(&gate);
+    sem_post(&gate);
+    stop(&loop);
+    assert_int_equal(norder, 2);
+}
+
+/* A worker's thread exits after idle_ms without a job, and the next job starts one again. */
+static void an_idle_workers_thread_exits_and_comes_back(void **state)
+{
+    (void)state;
+    uv_loop_t loop;
+    tjob_t j[2];
+    static int k;
+    set_init(&loop, 30);
+    gd_worker_t *w = gd_workers_get(&set, &k, 1000, "cpu:0");
+    assert_non_null(w);
+    assert_int_equal(atomic_load(&set.threads), 0); /* none before its first job */
+    tjob(&j[0], "J1", 1, false);
+    tjob(&j[1], "J2", 1, false);
+    assert_int_equal(gd_worker_submit(w, &j[0].job), 0);
+    assert_true(ran_within(&loop, 1));
+    assert_int_equal(atomic_load(&set.threads), 1);
+    for (int i = 0; i < 200 && atomic_load(&set.threads) > 0; i++)
+        usleep(5000);
+    assert_int_equal(atomic_load(&set.threads), 0);
+    assert_int_equal(gd_worker_submit(w, &j[1].job), 0);
+    assert_true(ran_within(&loop, 2));
+    assert_int_equal(atomic_load(&set.threads), 1);
+    stop(&loop);
+    assert_string_equal(order[1], "J2");
 }
 
 int main(void)
@@ -301,6 +416,8 @@ int main(void)
         cmocka_unit_test(a_peer_that_does_not_read_fails_the_wire_once),
         cmocka_unit_test(sessions_take_turns_and_a_daemon_job_waits_for_earlier_ones),
         cmocka_unit_test(an_ended_sessions_replays_are_dropped_and_bounded),
+        cmocka_unit_test(a_stuck_worker_holds_up_only_its_own_executors_jobs),
+        cmocka_unit_test(an_idle_workers_thread_exits_and_comes_back),
     };
     return cmocka_run_group_tests_name("wire", tests, NULL, NULL);
 }
