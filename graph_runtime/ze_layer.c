@@ -130,8 +130,9 @@ typedef struct {
     gr_ze_device_info_t info;
     uint64_t max_alloc; /* maxMemAllocSize */
     uint32_t copy_ordinal;
-    pthread_mutex_t lock; /* imm and the activity sample */
+    pthread_mutex_t lock; /* imm: held for a whole copy or fill */
     ze_command_list_handle_t imm;
+    pthread_mutex_t sample_lock; /* the activity sample: never held across a driver call */
     int have_prev;
     uint64_t prev_active, prev_ts;
 } zdev_t;
@@ -354,6 +355,7 @@ static void release(gr_ze_t *ze)
         if (ze->dev[i].imm != NULL)
             zeCommandListDestroy(ze->dev[i].imm);
         pthread_mutex_destroy(&ze->dev[i].lock);
+        pthread_mutex_destroy(&ze->dev[i].sample_lock);
     }
     for (unsigned k = 0; k < ze->n_drv; k++) {
         if (ze->drv[k].ctx != NULL)
@@ -434,6 +436,7 @@ int gr_ze_open(gr_ze_t **out, char *why, size_t n)
             d->h = devs[j];
             d->drv = drv;
             pthread_mutex_init(&d->lock, NULL);
+            pthread_mutex_init(&d->sample_lock, NULL);
             ze->n_dev++;
             const char *call;
             if ((r = read_device(d, ze->n_dev - 1, &call)) != ZE_RESULT_SUCCESS) {
@@ -577,7 +580,7 @@ static void read_engine(zdev_t *d, zes_device_handle_t sh, gr_ze_telemetry_t *t)
         return;
     t->have_engine = 1;
     t->engine_active_us = s.activeTime;
-    pthread_mutex_lock(&d->lock);
+    pthread_mutex_lock(&d->sample_lock);
     if (d->have_prev && s.timestamp > d->prev_ts && s.activeTime >= d->prev_active) {
         double u = (double)(s.activeTime - d->prev_active) / (double)(s.timestamp - d->prev_ts);
         t->have_utilisation = 1;
@@ -586,7 +589,7 @@ static void read_engine(zdev_t *d, zes_device_handle_t sh, gr_ze_telemetry_t *t)
     d->have_prev = 1;
     d->prev_active = s.activeTime;
     d->prev_ts = s.timestamp;
-    pthread_mutex_unlock(&d->lock);
+    pthread_mutex_unlock(&d->sample_lock);
 }
 
 int gr_ze_telemetry(gr_ze_t *ze, unsigned i, gr_ze_telemetry_t *out)

@@ -25,10 +25,11 @@
  * Threads: every call may be made from any thread, concurrently, except gr_ze_open and
  * gr_ze_close: gr_ze_open may setenv() (ZES_ENABLE_SYSMAN), which races with any getenv() in the
  * process, so call it early, before other threads start; gr_ze_close must be the last call on
- * its gr_ze_t. The layer's own lists are under one mutex; device copies and fills go through one
- * immediate command list per device, serialised by a per-device mutex (a command list is not
- * thread-safe); an event pool may be used from several threads (Level Zero events are), but
- * gr_ze_event_pool_close must not race with other calls on the same pool.
+ * its gr_ze_t. The layer's own lists are under one mutex, never held across a driver call; device
+ * copies and fills go through one immediate command list per device, serialised by a per-device
+ * mutex held for the whole copy (a command list is not thread-safe), which nothing else takes; an
+ * event pool may be used from several threads (Level Zero events are), but gr_ze_event_pool_close
+ * must not race with other calls on the same pool.
  *
  * IPC model (memory and event pools). An exporter gets a gr_ze_ipc_t (the 64 bytes of the
  * driver's IPC handle) and an fd it owns (a CLOEXEC dup of the dma-buf/memfd fd the handle
@@ -131,7 +132,9 @@ typedef struct gr_ze_telemetry {
     int wedged;           /* 1: the device needs a reset (ZES_RESET_REASON_FLAG_WEDGED) */
 } gr_ze_telemetry_t;
 
-/* Reads device i's telemetry. Sysman absent (the driver has none, or ZES_ENABLE_SYSMAN was not 1
+/* Reads device i's telemetry. It never waits for a copy or fill in flight, but Sysman reads
+ * sysfs on real drivers (milliseconds): call it from a worker or a timer, not per request on the
+ * daemon's loop. Sysman absent (the driver has none, or ZES_ENABLE_SYSMAN was not 1
  * at zeInit) leaves every value absent and returns 0; a Sysman call that fails only leaves its
  * value absent. GR_EINVAL for i out of range or NULL out. */
 int gr_ze_telemetry(gr_ze_t *ze, unsigned i, gr_ze_telemetry_t *out);
