@@ -92,6 +92,9 @@ INTEG_BIN := $(patsubst tests/integration/%.c,$(BUILD)/tests/integration/%,$(INT
 BENCH_BIN := $(patsubst bench/%.c,$(BUILD)/bench/%,$(BENCH_SRC))
 
 RT_LIBS := $(if $(GR_CXXSRC),$(TORCH_LIBS) -lstdc++)
+# The Level Zero loader, for graph_runtime/ze_layer.c (libgr). --as-needed drops it from binaries
+# that reference no gr_ze_ call, so it costs CPU/CUDA-only programs nothing.
+ZE_LIBS := -lze_loader
 
 # Level Zero test driver (tests/ze_driver/): the real loader loads it through ZE_ENABLE_ALT_DRIVERS;
 # nothing links it and nothing installs it. _notemp lacks one table, for the loader-refusal test.
@@ -149,11 +152,11 @@ $(TESTLIB): $(call obj,$(TESTLIB_SRC))
 	@rm -f $@; ar rcs $@ $^ $(if $^,,/dev/null 2>/dev/null || true)
 
 $(BUILD)/graphd: $(BUILD)/obj/daemon/main.o $(LIBGD) $(LIBGR) $(LIBPM)
-	$(call say,LINK,$@)$(CXX) $(LDFLAGS_ALL) -o $@ $^ $(RT_LIBS) $(LDLIBS_ALL)
+	$(call say,LINK,$@)$(CXX) $(LDFLAGS_ALL) -o $@ $^ $(RT_LIBS) $(ZE_LIBS) $(LDLIBS_ALL)
 
 # The executor process (one per tenant uid and device): a main around libgr.
 $(BUILD)/graphd-executor: $(BUILD)/obj/graph_runtime/executor.o $(LIBGR)
-	$(call say,LINK,$@)$(CXX) $(LDFLAGS_ALL) -o $@ $^ $(RT_LIBS) $(LDLIBS_ALL)
+	$(call say,LINK,$@)$(CXX) $(LDFLAGS_ALL) -o $@ $^ $(RT_LIBS) $(ZE_LIBS) $(LDLIBS_ALL)
 
 $(SOCLI): $(call obj,$(CLI_SRC)) $(GEN_O)
 	$(call say,LINK,$@)$(CC) -shared $(LDFLAGS_ALL) -Wl,-soname,libgraphd.so.0 -o $@ $^ $(LDLIBS_ALL)
@@ -165,10 +168,11 @@ $(BUILD)/graphctl: $(BUILD)/obj/client/c/graphctl.o $(SOCLI)
 # Unit tests see every module's internals; integration tests only the public client API.
 $(BUILD)/tests/unit/%: $(BUILD)/obj/tests/unit/%.o $(LIBGD) $(LIBGR) $(LIBPM) $(LIBCLI)
 	@mkdir -p $(dir $@)
-	$(call say,LINK,$@)$(CXX) $(LDFLAGS_ALL) -o $@ $^ $(RT_LIBS) $(LDLIBS_ALL) -lcmocka
-# test_executor spawns $(BUILD)/graphd-executor.
+	$(call say,LINK,$@)$(CXX) $(LDFLAGS_ALL) -o $@ $^ $(RT_LIBS) $(ZE_LIBS) $(LDLIBS_ALL) -lcmocka
+# test_executor spawns $(BUILD)/graphd-executor; test_ze_layer loads the test driver.
 $(BUILD)/tests/unit/test_executor: | $(BUILD)/graphd-executor
 $(BUILD)/tests/unit/test_cgroup: | $(BUILD)/graphd-executor
+$(BUILD)/tests/unit/test_ze_layer: | $(ZE_DRV)
 
 $(BUILD)/tests/integration/%: $(BUILD)/obj/tests/integration/%.o $(call obj,$(TESTLIB_SRC)) $(SOCLI)
 	@mkdir -p $(dir $@)
