@@ -65,48 +65,64 @@ typedef struct bystander {
     int fd; /* its report: "ready\n", then "<replays> <failures> <worst pause in us>\n" */
 } bystander_t;
 
-/* A child as BYSTANDER_UID replaying mlp.pt for ms milliseconds. */
+/* The bystander's process (this binary again, "bystander": a child that only forked would share
+ * this process's gRPC state, epoll sets included, and a reply could go to the wrong side): as
+ * BYSTANDER_UID, replays mlp.pt for ms milliseconds and writes "ready\n", then its report, to
+ * out_fd. */
+static _Noreturn void bystander_main(const harness_t *h, const harness_models_t *m, int ms,
+                                     int out_fd)
+{
+    FILE *out = fdopen(out_fd, "w");
+    if (out == NULL || setgroups(0, NULL) != 0 ||
+        setresgid(BYSTANDER_UID, BYSTANDER_UID, BYSTANDER_UID) ||
+        setresuid(BYSTANDER_UID, BYSTANDER_UID, BYSTANDER_UID) != 0)
+        _exit(2);
+    graphd_client_t *c = harness_client(h, "bystander");
+    uint64_t mid = c ? harness_models_register(c, m, "mlp.pt") : 0;
+    graphd_graph_t *g = NULL;
+    if (mid == 0 || capture(c, mid, 2, 16, 16, &g) != GRAPHD_OK) {
+        fprintf(stderr, "bystander: %s\n", c ? graphd_last_error(c) : "no client");
+        _exit(3);
+    }
+    fprintf(out, "ready\n");
+    fflush(out);
+    uint64_t end = now_ns() + (uint64_t)ms * 1000000ull, worst = 0;
+    unsigned replays = 0, failures = 0;
+    while (now_ns() < end) {
+        uint64_t t0 = now_ns();
+        int rc = graphd_replay(g, GRAPHD_PHASE_FORWARD, NULL);
+        uint64_t dt = now_ns() - t0;
+        worst = dt > worst ? dt : worst;
+        replays++;
+        if (rc != GRAPHD_OK) {
+            failures++;
+            fprintf(stderr, "bystander: replay: %s: %s\n", graphd_err_name(rc),
+                    graphd_last_error(c));
+        }
+        usleep(2000);
+    }
+    fprintf(out, "%u %u %llu\n", replays, failures, (unsigned long long)(worst / 1000));
+    fflush(out);
+    graphd_graph_release(g);
+    graphd_close(c);
+    _exit(0);
+}
+
+/* Starts the bystander (bystander_main in a fresh process) and waits until it replays. */
 static void bystander_start(const harness_t *h, const harness_models_t *m, int ms, bystander_t *b)
 {
     int p[2];
     assert_int_equal(pipe(p), 0);
+    char mss[16], fds[16];
+    snprintf(mss, sizeof mss, "%d", ms);
+    snprintf(fds, sizeof fds, "%d", p[1]);
     b->pid = fork();
     assert_true(b->pid >= 0);
     if (b->pid == 0) {
         close(p[0]);
-        FILE *out = fdopen(p[1], "w");
-        if (setgroups(0, NULL) != 0 || setresgid(BYSTANDER_UID, BYSTANDER_UID, BYSTANDER_UID) ||
-            setresuid(BYSTANDER_UID, BYSTANDER_UID, BYSTANDER_UID) != 0)
-            _exit(2);
-        graphd_client_t *c = harness_client(h, "bystander");
-        uint64_t mid = c ? harness_models_register(c, m, "mlp.pt") : 0;
-        graphd_graph_t *g = NULL;
-        if (mid == 0 || capture(c, mid, 2, 16, 16, &g) != GRAPHD_OK) {
-            fprintf(stderr, "bystander: %s\n", c ? graphd_last_error(c) : "no client");
-            _exit(3);
-        }
-        fprintf(out, "ready\n");
-        fflush(out);
-        uint64_t end = now_ns() + (uint64_t)ms * 1000000ull, worst = 0;
-        unsigned replays = 0, failures = 0;
-        while (now_ns() < end) {
-            uint64_t t0 = now_ns();
-            int rc = graphd_replay(g, GRAPHD_PHASE_FORWARD, NULL);
-            uint64_t dt = now_ns() - t0;
-            worst = dt > worst ? dt : worst;
-            replays++;
-            if (rc != GRAPHD_OK) {
-                failures++;
-                fprintf(stderr, "bystander: replay: %s: %s\n", graphd_err_name(rc),
-                        graphd_last_error(c));
-            }
-            usleep(2000);
-        }
-        fprintf(out, "%u %u %llu\n", replays, failures, (unsigned long long)(worst / 1000));
-        fflush(out);
-        graphd_graph_release(g);
-        graphd_close(c);
-        _exit(0);
+        execl("/proc/self/exe", "test_executors", "bystander", h->address, m->dir, mss, fds,
+              (char *)NULL);
+        _exit(127);
     }
     close(p[1]);
     b->fd = p[0];
@@ -435,8 +451,17 @@ static int group_teardown(void **state)
     return harness_fixture_stop(*state) == 0 ? 0 : -1;
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    if (argc == 6 && strcmp(argv[1], "bystander") == 0) { /* bystander_start's process */
+        harness_t h;
+        harness_models_t m;
+        memset(&h, 0, sizeof h);
+        memset(&m, 0, sizeof m);
+        snprintf(h.address, sizeof h.address, "%s", argv[2]);
+        snprintf(m.dir, sizeof m.dir, "%s", argv[3]);
+        bystander_main(&h, &m, atoi(argv[4]), atoi(argv[5]));
+    }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(stuck_capture_is_killed_at_the_bound),
         cmocka_unit_test(stuck_replay_is_killed_at_the_bound),
