@@ -14,7 +14,6 @@
 #include <stddef.h>
 #include <cmocka.h>
 
-#include <dirent.h>
 #include <grp.h>
 #include <signal.h>
 #include <stdbool.h>
@@ -425,25 +424,8 @@ static int group_setup(void **state)
 {
     static harness_fixture_t f;
     *state = &f; /* the teardown runs even when this fails: harness_fixture_stop copes */
-    if (harness_fixture_start(&f, daemon_args) != 0)
-        return -1;
-    /* The bystander's uid must reach the sockets and the models. */
-    if (chmod(f.h.dir, 0755) != 0 || chmod(f.m.dir, 0755) != 0) {
-        harness_fixture_stop(&f);
-        return -1;
-    }
-    DIR *d = opendir(f.m.dir);
-    struct dirent *e;
-    while (d && (e = readdir(d)) != NULL) {
-        if (e->d_name[0] == '.')
-            continue;
-        char p[512];
-        snprintf(p, sizeof p, "%s/%s", f.m.dir, e->d_name);
-        chmod(p, 0644);
-    }
-    if (d)
-        closedir(d);
-    return 0;
+    /* The other uid must reach the sockets and the models. */
+    return harness_fixture_start_shared(&f, daemon_args);
 }
 
 static int group_teardown(void **state)
@@ -454,13 +436,9 @@ static int group_teardown(void **state)
 int main(int argc, char **argv)
 {
     if (argc == 6 && strcmp(argv[1], "bystander") == 0) { /* bystander_start's process */
-        harness_t h;
-        harness_models_t m;
-        memset(&h, 0, sizeof h);
-        memset(&m, 0, sizeof m);
-        snprintf(h.address, sizeof h.address, "%s", argv[2]);
-        snprintf(m.dir, sizeof m.dir, "%s", argv[3]);
-        bystander_main(&h, &m, atoi(argv[4]), atoi(argv[5]));
+        harness_fixture_t f;
+        harness_fixture_attach(&f, argv[2], argv[3]);
+        bystander_main(&f.h, &f.m, atoi(argv[4]), atoi(argv[5]));
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(stuck_capture_is_killed_at_the_bound),

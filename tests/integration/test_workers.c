@@ -441,26 +441,9 @@ static void an_idle_workers_thread_exits_and_the_next_job_brings_it_back(void **
 static int group_setup(void **state)
 {
     static harness_fixture_t f;
-    if (harness_fixture_start(&f, daemon_args) != 0)
-        return -1;
-    /* B's uid must reach the sockets and the models. */
-    if (chmod(f.h.dir, 0755) != 0 || chmod(f.m.dir, 0755) != 0) {
-        harness_fixture_stop(&f);
-        return -1;
-    }
-    DIR *d = opendir(f.m.dir);
-    struct dirent *e;
-    while (d && (e = readdir(d)) != NULL) {
-        if (e->d_name[0] == '.')
-            continue;
-        char p[512];
-        snprintf(p, sizeof p, "%s/%s", f.m.dir, e->d_name);
-        chmod(p, 0644);
-    }
-    if (d)
-        closedir(d);
-    *state = &f;
-    return 0;
+    *state = &f; /* the teardown runs even when this fails: harness_fixture_stop copes */
+    /* The other uid must reach the sockets and the models. */
+    return harness_fixture_start_shared(&f, daemon_args);
 }
 
 static int group_teardown(void **state)
@@ -471,13 +454,9 @@ static int group_teardown(void **state)
 int main(int argc, char **argv)
 {
     if (argc == 7 && strcmp(argv[1], "tenant-b") == 0) { /* tenant_b_start's process */
-        harness_t h;
-        harness_models_t m;
-        memset(&h, 0, sizeof h);
-        memset(&m, 0, sizeof m);
-        snprintf(h.address, sizeof h.address, "%s", argv[2]);
-        snprintf(m.dir, sizeof m.dir, "%s", argv[3]);
-        tenant_b_main(&h, &m, (uid_t)atoi(argv[4]), atoi(argv[5]), atoi(argv[6]));
+        harness_fixture_t f;
+        harness_fixture_attach(&f, argv[2], argv[3]);
+        tenant_b_main(&f.h, &f.m, (uid_t)atoi(argv[4]), atoi(argv[5]), atoi(argv[6]));
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(another_uids_capture_and_replays_do_not_wait_for_a_stuck_capture),

@@ -126,6 +126,13 @@ typedef struct harness_fixture {
 int harness_fixture_start(harness_fixture_t *f, const char *const *extra_args);
 /* harness_stop, then harness_models_remove. 0, or -1 when the daemon did not stop cleanly. */
 int harness_fixture_stop(harness_fixture_t *f);
+/* harness_fixture_start, then opens the daemon's directory and the models to other uids (a
+ * tenant run with setresuid must reach the sockets and read the models); on failure nothing is
+ * left behind. 0 or -1. */
+int harness_fixture_start_shared(harness_fixture_t *f, const char *const *extra_args);
+/* In a process the test started again (execl of /proc/self/exe) to act as another tenant: a
+ * fixture that names the parent's daemon address and models directory, nothing to stop. */
+void harness_fixture_attach(harness_fixture_t *f, const char *address, const char *models_dir);
 /* cmocka group setup and teardown for a suite that runs on one daemon started with no extra
  * arguments: *state gets the harness_t (harness_group_*) or the harness_fixture_t, models
  * included (harness_fixture_group_*). Each binary has one such group. */

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -299,6 +300,31 @@ int harness_fixture_start(harness_fixture_t *f, const char *const *extra_args)
         return -1;
     }
     return 0;
+}
+
+int harness_fixture_start_shared(harness_fixture_t *f, const char *const *extra_args)
+{
+    if (harness_fixture_start(f, extra_args) != 0)
+        return -1;
+    if (chmod(f->h.dir, 0755) != 0 || chmod(f->m.dir, 0755) != 0) {
+        harness_fixture_stop(f);
+        return -1;
+    }
+    DIR *d = opendir(f->m.dir);
+    struct dirent *e;
+    while (d && (e = readdir(d)) != NULL)
+        if (e->d_name[0] != '.')
+            chmod(harness_models_path(&f->m, e->d_name), 0644);
+    if (d)
+        closedir(d);
+    return 0;
+}
+
+void harness_fixture_attach(harness_fixture_t *f, const char *address, const char *models_dir)
+{
+    memset(f, 0, sizeof *f);
+    snprintf(f->h.address, sizeof f->h.address, "%s", address);
+    snprintf(f->m.dir, sizeof f->m.dir, "%s", models_dir);
 }
 
 int harness_fixture_stop(harness_fixture_t *f)
