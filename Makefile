@@ -102,7 +102,8 @@ ZE_DRV     := $(BUILD)/tests/ze_driver/libze_graphd_test.so
 ZE_DRV_BAD := $(BUILD)/tests/ze_driver/libze_graphd_test_notemp.so
 ZE_TEST    := $(BUILD)/tests/integration/test_ze_loader
 
-.PHONY: all deps test unit integration python-test asan demo install format lint bench clean help
+.PHONY: all deps test unit integration python-test asan demo install format lint bench clean help \
+        cuda-check
 all: $(BUILD)/graphd $(BUILD)/graphd-executor $(SOCLI) $(BUILD)/graphctl $(UNIT_BIN) $(INTEG_BIN) $(BENCH_BIN) \
      $(BUILD)/bench/eacces_log.so $(ZE_DRV) $(ZE_DRV_BAD) $(ZE_TEST)
 
@@ -114,6 +115,7 @@ help:
 	@echo "make demo      build, start a daemon on the CPU device, show it working"
 	@echo "make install   install under PREFIX=$(PREFIX) DESTDIR=$(DESTDIR)"
 	@echo "make format / make lint / make bench / make clean"
+	@echo "make cuda-check CUDA_HEADERS=dir   compile-check the CUDA family without a GPU (below)"
 
 deps:
 	@missing=""; for p in $(DEB_PKGS); do \
@@ -236,6 +238,22 @@ lint: $(GEN_H)
 	  -DPROTOBUF_C_VERSION_NUMBER=1004001 -DPROTOBUF_C_MIN_COMPILER_VERSION=1000000 \
 	  $(filter %.c,$(C_FILES))
 	$(if $(GR_CXXSRC),clang-tidy --quiet $(GR_CXXSRC) -- -std=c++17 $(INCLUDES) $(TORCH_CFLAGS))
+
+# Compile-checks (-fsyntax-only) the runtime's C++ with the CUDA family on a machine whose torch has
+# no CUDA: CUDA_HEADERS holds torch_include/ (a CUDA torch's include directory) and cuda_include/
+# (the CUDA toolkit's, crt/ included), copied from a machine that has them. It links nothing and
+# runs nothing: a GPU run is still what says the family works.
+CUDA_CHECK_SRC := $(filter-out graph_runtime/family_xpu.cpp,$(wildcard graph_runtime/*.cpp))
+cuda-check:
+	@test -d "$(CUDA_HEADERS)/torch_include" -a -d "$(CUDA_HEADERS)/cuda_include" || \
+	  { echo "cuda-check: set CUDA_HEADERS to a directory with torch_include/ and cuda_include/" >&2; exit 2; }
+	@for f in $(sort $(CUDA_CHECK_SRC)); do \
+	  echo "  CHECK  $$f"; \
+	  $(CXX) -std=c++17 $(WARN) -fsyntax-only -DGR_HAVE_CUDA -I$(BUILD)/gen -Iproto -Ipool_manager \
+	    -Igraph_runtime -isystem $(CUDA_HEADERS)/torch_include \
+	    -isystem $(CUDA_HEADERS)/torch_include/torch/csrc/api/include \
+	    -isystem $(CUDA_HEADERS)/cuda_include $$f || exit 1; \
+	done
 
 clean:
 	rm -rf build build-asan

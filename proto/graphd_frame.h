@@ -17,19 +17,24 @@
 #include <string.h>
 
 #define GRAPHD_FRAME_MAGIC 0x44505247u /* "GRPD" as little-endian bytes */
-#define GRAPHD_FRAME_VERSION 1
+#define GRAPHD_FRAME_VERSION 2 /* 2: devices as GRAPHD_DEVICE_CODE */
 #define GRAPHD_FRAME_SIZE 40
 #define GRAPHD_FRAME_MAX_MSG 1024
 
 enum graphd_frame_type {
     GRAPHD_FRAME_ATTACH = 1, /* id = session id, arg = session token */
-    GRAPHD_FRAME_MAP = 2,    /* id = region id; reply carries the memfd (SCM_RIGHTS), arg = size */
+    /* id = region id; reply arg = size. Host region: the reply carries the memfd (SCM_RIGHTS).
+     * Device region (AllocRegionReply.device names it): cuda: the message is its CUDA IPC memory
+     * handle (GRAPHD_IPC_HANDLE_SIZE bytes); xpu: the message is its Level Zero IPC handle
+     * (GRAPHD_IPC_HANDLE_SIZE bytes) and the reply carries the allocation's fd (SCM_RIGHTS),
+     * which the client writes into the handle's first 4 bytes before zeMemOpenIpcHandle. */
+    GRAPHD_FRAME_MAP = 2,
     GRAPHD_FRAME_REPLAY = 3, /* id = graph id, arg = phase | flags; reply arg = daemon time, ns */
-    /* id = CUDA device index; request and reply each carry a CUDA IPC event handle
+    /* id = GRAPHD_DEVICE_CODE; request and reply each carry a CUDA IPC event handle
      * (GRAPHD_IPC_HANDLE_SIZE bytes of message): the client's, recorded after it writes a
      * replay's inputs, and the daemon's, recorded after the replay (GRAPHD_REPLAY_ORDERED). */
     GRAPHD_FRAME_EVENTS = 4,
-    /* id = CUDA device index; the reply carries the CUDA IPC memory handle of the session's
+    /* id = GRAPHD_DEVICE_CODE; the reply carries the CUDA IPC memory handle of the session's
      * sequence counters on that device (GRAPHD_SEQ_*), for GRAPHD_REPLAY_POSTED. */
     GRAPHD_FRAME_SEQ = 5,
     /* id = graph id, arg = 0 or GRAPHD_DIRECT_RENEW: the session's replay connection to the
@@ -47,6 +52,24 @@ enum graphd_frame_type {
 
 #define GRAPHD_IPC_HANDLE_SIZE 64 /* a cudaIpcMemHandle_t or cudaIpcEventHandle_t */
 
+/*
+ * A device in a frame (EVENTS and SEQ ids, the REPLAY_POSTED device field): its family and its
+ * index within the family, in one byte, so that "cuda:0" and "xpu:0" never read alike. The
+ * family codes are the wire's, not any library's.
+ */
+enum graphd_device_family {
+    GRAPHD_DEVICE_CPU = 0,
+    GRAPHD_DEVICE_CUDA = 1,
+    GRAPHD_DEVICE_XPU = 2,
+};
+#define GRAPHD_DEVICE_FAMILY_SHIFT 6
+#define GRAPHD_DEVICE_INDEX_MAX 63u /* indices 0..63 within a family */
+#define GRAPHD_DEVICE_CODE(family, index)                                                          \
+    ((uint64_t)(((unsigned)(family) << GRAPHD_DEVICE_FAMILY_SHIFT) |                               \
+                ((unsigned)(index) & GRAPHD_DEVICE_INDEX_MAX)))
+#define GRAPHD_DEVICE_CODE_FAMILY(code) ((unsigned)((code) >> GRAPHD_DEVICE_FAMILY_SHIFT) & 3u)
+#define GRAPHD_DEVICE_CODE_INDEX(code) ((unsigned)(code) & GRAPHD_DEVICE_INDEX_MAX)
+
 /* REPLAY arg: the phase in the low byte, flags in the next. */
 #define GRAPHD_REPLAY_PHASE_MASK 0xffu
 #define GRAPHD_REPLAY_FLAGS_MASK 0xff00u
@@ -56,8 +79,8 @@ enum graphd_frame_type {
 #define GRAPHD_REPLAY_ORDERED 0x100u
 /*
  * A posted replay, ordered by the session's sequence counters on the device (SEQ) with CUDA
- * stream memory operations, and answered only when it fails. The arg carries the device index
- * (GRAPHD_REPLAY_DEVICE) and the replay's sequence number n (GRAPHD_REPLAY_SEQ: 1 for the
+ * stream memory operations, and answered only when it fails. The arg carries the device's
+ * GRAPHD_DEVICE_CODE (GRAPHD_REPLAY_DEVICE) and the replay's sequence number n (GRAPHD_REPLAY_SEQ: 1 for the
  * session's first posted replay on the device, then one more each time, refused otherwise).
  * Before the frame the client's stream waits for ready >= n - 1 (the previous replay's write,
  * which may be on another stream) and writes ready = n; after it, the client's stream waits for
