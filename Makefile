@@ -220,11 +220,10 @@ install: $(BUILD)/graphd $(BUILD)/graphd-executor $(SOCLI) $(BUILD)/graphctl
 	install -m 644 $(SOCLI) $(DESTDIR)$(PREFIX)/lib/libgraphd.so.0
 	ln -sf libgraphd.so.0 $(DESTDIR)$(PREFIX)/lib/libgraphd.so
 	install -m 644 client/c/graphd.h proto/graphd_frame.h $(DESTDIR)$(PREFIX)/include/
-	install -d $(DESTDIR)/etc/graphd $(DESTDIR)/lib/systemd/system $(DESTDIR)/usr/lib/sysusers.d $(DESTDIR)/usr/lib/tmpfiles.d
+	install -d $(DESTDIR)/etc/graphd $(DESTDIR)/lib/systemd/system $(DESTDIR)/usr/lib/sysusers.d
 	[ -e $(DESTDIR)/etc/graphd/graphd.conf ] || install -m 644 deploy/systemd/graphd.conf $(DESTDIR)/etc/graphd/graphd.conf
 	sed 's|@SBINDIR@|$(PREFIX)/sbin|' deploy/systemd/graphd.service > $(DESTDIR)/lib/systemd/system/graphd.service
 	install -m 644 deploy/systemd/graphd-sysusers.conf $(DESTDIR)/usr/lib/sysusers.d/graphd.conf
-	install -m 644 deploy/systemd/graphd-tmpfiles.conf $(DESTDIR)/usr/lib/tmpfiles.d/graphd.conf
 	$(if $(DESTDIR),,ldconfig)
 
 C_FILES  = $(shell git ls-files '*.c' '*.h' '*.cpp' 2>/dev/null)
