@@ -102,8 +102,8 @@ ZE_DRV     := $(BUILD)/tests/ze_driver/libze_graphd_test.so
 ZE_DRV_BAD := $(BUILD)/tests/ze_driver/libze_graphd_test_notemp.so
 ZE_TEST    := $(BUILD)/tests/integration/test_ze_loader
 
-.PHONY: all deps test unit integration python-test asan demo install format lint bench clean help \
-        cuda-check
+.PHONY: all deps test unit integration python-test asan demo install uninstall format lint bench clean \
+        help cuda-check
 all: $(BUILD)/graphd $(BUILD)/graphd-executor $(SOCLI) $(BUILD)/graphctl $(UNIT_BIN) $(INTEG_BIN) $(BENCH_BIN) \
      $(BUILD)/bench/eacces_log.so $(ZE_DRV) $(ZE_DRV_BAD) $(ZE_TEST)
 
@@ -114,6 +114,7 @@ help:
 	@echo "make asan      the same tests under AddressSanitizer + UBSan (build-asan/)"
 	@echo "make demo      build, start a daemon on the CPU device, show it working"
 	@echo "make install   install under PREFIX=$(PREFIX) DESTDIR=$(DESTDIR)"
+	@echo "make uninstall remove exactly what make install installed there"
 	@echo "make format / make lint / make bench / make clean"
 	@echo "make cuda-check CUDA_HEADERS=dir   compile-check the CUDA family without a GPU (below)"
 
@@ -213,17 +214,49 @@ demo: deps
 bench: all
 	@BUILD=$(BUILD) PYTHON=$(PYTHON) bench/run.sh
 
-install: $(BUILD)/graphd $(BUILD)/graphd-executor $(SOCLI) $(BUILD)/graphctl
-	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/sbin $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/include
-	install -m 755 $(BUILD)/graphd $(DESTDIR)$(PREFIX)/sbin/graphd
-	install -m 755 $(BUILD)/graphctl $(DESTDIR)$(PREFIX)/bin/graphctl
-	install -m 644 $(SOCLI) $(DESTDIR)$(PREFIX)/lib/libgraphd.so.0
-	ln -sf libgraphd.so.0 $(DESTDIR)$(PREFIX)/lib/libgraphd.so
-	install -m 644 client/c/graphd.h proto/graphd_frame.h $(DESTDIR)$(PREFIX)/include/
-	install -d $(DESTDIR)/etc/graphd $(DESTDIR)/lib/systemd/system $(DESTDIR)/usr/lib/sysusers.d
-	[ -e $(DESTDIR)/etc/graphd/graphd.conf ] || install -m 644 deploy/systemd/graphd.conf $(DESTDIR)/etc/graphd/graphd.conf
-	sed 's|@SBINDIR@|$(PREFIX)/sbin|' deploy/systemd/graphd.service > $(DESTDIR)/lib/systemd/system/graphd.service
-	install -m 644 deploy/systemd/graphd-sysusers.conf $(DESTDIR)/usr/lib/sysusers.d/graphd.conf
+# make install / make uninstall. install records every file it writes, as installed, in
+# $(PREFIX)/share/graphd/installed-files; uninstall removes exactly those (and the directories
+# that are then empty), so a config file that was already there is never touched.
+LIBDIR    ?= $(PREFIX)/lib
+SONAME    := libgraphd.so.0
+SOREAL    := libgraphd.so.$(VERSION)
+MANIFEST  := $(PREFIX)/share/graphd/installed-files
+INSTALL_DOCS := README.md LICENSE $(wildcard docs/*.md) client/python/README.md
+$(BUILD)/graphd.pc: Makefile VERSION
+	@printf '%s\n' 'prefix=$(PREFIX)' 'libdir=$(LIBDIR)' 'includedir=$${prefix}/include' '' \
+	  'Name: graphd' 'Description: client library of graphd, graph capture and replay as a service' \
+	  'Version: $(VERSION)' 'Requires.private: grpc libprotobuf-c jansson' \
+	  'Libs: -L$${libdir} -lgraphd' 'Cflags: -I$${includedir}' > $@
+install: $(BUILD)/graphd $(BUILD)/graphd-executor $(SOCLI) $(BUILD)/graphctl $(BUILD)/graphd.pc
+	@set -e; d='$(DESTDIR)'; m=$$(mktemp); \
+	put() { mode=$$1; src=$$2; dst=$$3; install -D -m $$mode "$$src" "$$d$$dst"; echo "$$dst" >> $$m; }; \
+	put 755 $(BUILD)/graphd $(PREFIX)/sbin/graphd; \
+	put 755 $(BUILD)/graphd-executor $(PREFIX)/libexec/graphd/graphd-executor; \
+	put 755 $(BUILD)/graphctl $(PREFIX)/bin/graphctl; \
+	strip --strip-unneeded "$$d$(PREFIX)/sbin/graphd" "$$d$(PREFIX)/libexec/graphd/graphd-executor" \
+	  "$$d$(PREFIX)/bin/graphctl"; \
+	put 644 $(SOCLI) $(LIBDIR)/$(SOREAL); strip --strip-unneeded "$$d$(LIBDIR)/$(SOREAL)"; \
+	ln -sfn $(SOREAL) "$$d$(LIBDIR)/$(SONAME)"; echo $(LIBDIR)/$(SONAME) >> $$m; \
+	ln -sfn $(SONAME) "$$d$(LIBDIR)/libgraphd.so"; echo $(LIBDIR)/libgraphd.so >> $$m; \
+	put 644 $(BUILD)/graphd.pc $(LIBDIR)/pkgconfig/graphd.pc; \
+	put 644 client/c/graphd.h $(PREFIX)/include/graphd.h; \
+	put 644 proto/graphd_frame.h $(PREFIX)/include/graphd_frame.h; \
+	for f in $(INSTALL_DOCS); do put 644 $$f $(PREFIX)/share/doc/graphd/$$f; done; \
+	if [ ! -e "$$d/etc/graphd/graphd.conf" ]; then put 644 deploy/systemd/graphd.conf /etc/graphd/graphd.conf; fi; \
+	sed 's|@SBINDIR@|$(PREFIX)/sbin|' deploy/systemd/graphd.service > $$m.unit; \
+	put 644 $$m.unit /lib/systemd/system/graphd.service; rm -f $$m.unit; \
+	put 644 deploy/systemd/graphd-sysusers.conf /usr/lib/sysusers.d/graphd.conf; \
+	echo $(MANIFEST) >> $$m; install -D -m 644 $$m "$$d$(MANIFEST)"; rm -f $$m; \
+	echo "installed $$(wc -l < "$$d$(MANIFEST)") files under $${d:-/} (list: $(MANIFEST))"
+	$(if $(DESTDIR),,ldconfig)
+
+uninstall:
+	@set -e; d='$(DESTDIR)'; m="$$d$(MANIFEST)"; \
+	[ -f "$$m" ] || { echo "uninstall: $$m not found: nothing installed under PREFIX=$(PREFIX)" >&2; exit 1; }; \
+	n=0; while read -r f; do rm -f "$$d$$f"; n=$$((n + 1)); \
+	  dir=$$(dirname "$$d$$f"); while [ "$$dir" != "$${d:-/}" ] && [ "$$dir" != / ] && rmdir "$$dir" 2>/dev/null; do \
+	    dir=$$(dirname "$$dir"); done; \
+	done < "$$m"; echo "removed $$n files"
 	$(if $(DESTDIR),,ldconfig)
 
 C_FILES  = $(shell git ls-files '*.c' '*.h' '*.cpp' 2>/dev/null)
