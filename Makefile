@@ -19,6 +19,7 @@ say   =
 endif
 
 VERSION  := $(shell cat VERSION 2>/dev/null || echo 0.0.0)
+NPROC    := $(shell nproc 2>/dev/null || echo 2)
 
 DEB_PKGS := build-essential pkg-config libgrpc-dev libprotobuf-c-dev protobuf-c-compiler \
             libuv1-dev libcmocka-dev libze-dev libtorch-dev python3-torch python3-pytest \
@@ -102,7 +103,7 @@ ZE_DRV     := $(BUILD)/tests/ze_driver/libze_graphd_test.so
 ZE_DRV_BAD := $(BUILD)/tests/ze_driver/libze_graphd_test_notemp.so
 ZE_TEST    := $(BUILD)/tests/integration/test_ze_loader
 
-.PHONY: all deps test unit integration python-test asan demo install uninstall format lint bench clean \
+.PHONY: all deps deps-check test unit integration python-test asan demo install uninstall format lint bench clean \
         help cuda-check
 all: $(BUILD)/graphd $(BUILD)/graphd-executor $(SOCLI) $(BUILD)/graphctl $(UNIT_BIN) $(INTEG_BIN) $(BENCH_BIN) \
      $(BUILD)/bench/eacces_log.so $(ZE_DRV) $(ZE_DRV_BAD) $(ZE_TEST)
@@ -117,6 +118,14 @@ help:
 	@echo "make uninstall remove exactly what make install installed there"
 	@echo "make format / make lint / make bench / make clean"
 	@echo "make cuda-check CUDA_HEADERS=dir   compile-check the CUDA family without a GPU (below)"
+
+# `make test` and `make asan` only check the packages (deps-check never installs anything);
+# `make deps` (and `make demo`, the newcomer's first command) installs what is missing.
+deps-check:
+	@missing=""; for p in $(DEB_PKGS); do \
+	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$p"; \
+	done; \
+	if [ -n "$$missing" ]; then echo "missing Debian packages:$$missing; run 'make deps' (as root) first" >&2; exit 1; fi
 
 deps:
 	@missing=""; for p in $(DEB_PKGS); do \
@@ -199,16 +208,18 @@ $(ZE_TEST): $(BUILD)/obj/tests/ze_driver/test_ze_loader.o | $(ZE_DRV) $(ZE_DRV_B
 	@mkdir -p $(dir $@)
 	$(call say,LINK,$@)$(CC) $(LDFLAGS_ALL) -o $@ $< -lze_loader $(LDLIBS_ALL) -lcmocka
 
-test: deps
+test: deps-check
 	@$(MAKE) --no-print-directory all
 	@BUILD=$(BUILD) PYTHON=$(PYTHON) tests/run_tests.sh
 
-asan: deps
+asan: deps-check
 	@$(MAKE) --no-print-directory BUILD=build-asan SAN=1 CFLAGS="-O1 -g" CXXFLAGS="-O1 -g" all
 	@BUILD=build-asan PYTHON=$(PYTHON) SAN=1 tests/run_tests.sh
 
 demo: deps
-	@$(MAKE) --no-print-directory all
+	@echo "== building graphd (make -j$(NPROC) all; log in $(BUILD)/make.log)"
+	@mkdir -p $(BUILD) && $(MAKE) --no-print-directory -j$(NPROC) all >$(BUILD)/make.log 2>&1 || \
+	  { tail -30 $(BUILD)/make.log; echo "demo: the build failed (whole log: $(BUILD)/make.log)" >&2; exit 1; }
 	@BUILD=$(BUILD) PYTHON=$(PYTHON) tests/demo.sh
 
 bench: all
@@ -289,5 +300,9 @@ cuda-check:
 
 clean:
 	rm -rf build build-asan
+
+# Objects made on the way to a test or bench binary are kept (make would delete them as
+# intermediate files, so that every later build compiled them again).
+.SECONDARY:
 
 -include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)
