@@ -23,7 +23,7 @@ const gd_setting_t gd_settings[] = {
     {"listen", GD_CFG_STRING, FIELD(listen), GD_DEFAULT_LISTEN, 0, 0, false,
      "control-plane address: unix:PATH, or host:port (TCP needs tls_cert and tls_key)"},
     {"session_socket", GD_CFG_STRING, FIELD(session_socket), "", 0, 0, false,
-     "data-plane socket path (default: the listen path with .session appended)"},
+     "data-plane socket path (empty: the listen path with .session appended)"},
     {"socket_group", GD_CFG_STRING, FIELD(socket_group), "graphd", 0, 0, false,
      "group given access to the sockets, when it exists"},
     {"socket_mode", GD_CFG_OCTAL, FIELD(socket_mode), "0660", 0, 0777, false,
@@ -365,8 +365,10 @@ int gd_config_apply_reload(gd_config_t *cur, const gd_config_t *next,
             continue;
         }
         char err[256];
-        if (gd_config_set(cur, s, b, err, sizeof err) == 0)
+        if (gd_config_set(cur, s, b, err, sizeof err) == 0) {
+            gd_info("reload: %s = %s (was %s)", s->name, b, a);
             changed++;
+        }
     }
     return changed;
 }

@@ -71,10 +71,12 @@ typedef struct gd_setting {
 } gd_setting_t;
 
 /* Command-line values, kept so that a reload applies them over the file again. */
+#define GD_MAX_SETTINGS 128 /* most settings the table may have (flags, overrides) */
+
 typedef struct gd_overrides {
     size_t count;
-    const gd_setting_t *setting[64];
-    char *value[64];
+    const gd_setting_t *setting[GD_MAX_SETTINGS];
+    char *value[GD_MAX_SETTINGS];
 } gd_overrides_t;
 
 extern const gd_setting_t gd_settings[];

@@ -19,48 +19,120 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+/* Writes text at indent, wrapped at 80 columns (words longer than a line stay whole). */
+static void wrap(FILE *out, const char *text, int indent)
+{
+    int col = 0;
+    const char *p = text;
+    while (*p) {
+        while (*p == ' ')
+            p++;
+        size_t n = strcspn(p, " ");
+        if (n == 0)
+            break;
+        if (col > indent && col + 1 + (int)n > 80) {
+            fputc('\n', out);
+            col = 0;
+        }
+        if (col == 0)
+            col = fprintf(out, "%*s", indent, "");
+        else
+            col += fprintf(out, " ");
+        col += fprintf(out, "%.*s", (int)n, p);
+        p += n;
+    }
+    if (col > 0)
+        fputc('\n', out);
+}
+
+static void flag_name(const char *setting, char *flag, size_t len)
+{
+    snprintf(flag, len, "%s", setting);
+    for (char *p = flag; *p; p++)
+        if (*p == '_')
+            *p = '-';
+}
+
 static void usage(FILE *out)
 {
-    fprintf(out, "usage: graphd [--config FILE] [--SETTING VALUE ...]\n\n"
-                 "  --config FILE   settings file (default " GD_DEFAULT_CONFIG ")\n"
-                 "  --version       print the version and exit\n"
-                 "  --help          print this help and exit\n\nsettings (also valid as "
-                 "'name = value' under [graphd] in the file):\n");
+    fprintf(out, "usage: graphd [--config FILE] [--SETTING VALUE ...]\n"
+                 "       graphd --check-config [--config FILE] [--SETTING VALUE ...]\n\n"
+                 "  --config FILE    settings file (default " GD_DEFAULT_CONFIG ")\n"
+                 "  --check-config   read and check the settings, print them, and exit\n"
+                 "  --version        print the version and exit\n"
+                 "  --help           print this help and exit\n\n"
+                 "settings (also 'name = value' under [graphd] in the file):\n");
     for (size_t i = 0; i < gd_settings_count; i++) {
-        char flag[64];
-        snprintf(flag, sizeof flag, "%s", gd_settings[i].name);
-        for (char *p = flag; *p; p++)
-            if (*p == '_')
-                *p = '-';
-        fprintf(out, "  --%-26s %s (default: %s%s)%s\n", flag, gd_settings[i].help,
-                gd_settings[i].def[0] ? "" : "\"",
-                gd_settings[i].def[0] ? gd_settings[i].def : "\"",
-                gd_settings[i].reloadable ? " [reloadable]" : "");
+        const gd_setting_t *st = &gd_settings[i];
+        char flag[64], line[512];
+        flag_name(st->name, flag, sizeof flag);
+        fprintf(out, "  --%s\n", flag);
+        snprintf(line, sizeof line, "%s. Default: %s%s.", st->help, st->def[0] ? st->def : "empty",
+                 st->reloadable ? "; reloadable (SIGHUP)" : "");
+        wrap(out, line, 6);
     }
 }
 
+/* The setting whose flag is closest to arg ("--max-session" -> max_sessions), or NULL when
+ * none is close: a prefix of it, or at most 2 edits away. */
+static const gd_setting_t *closest_setting(const char *arg)
+{
+    while (*arg == '-')
+        arg++;
+    char want[64];
+    snprintf(want, sizeof want, "%.*s", (int)strcspn(arg, "="), arg);
+    const gd_setting_t *best = NULL;
+    size_t best_d = 3;
+    for (size_t i = 0; i < gd_settings_count; i++) {
+        char flag[64];
+        flag_name(gd_settings[i].name, flag, sizeof flag);
+        size_t a = strlen(want), b = strlen(flag);
+        if (a >= 4 && strncmp(flag, want, a) == 0)
+            return &gd_settings[i];
+        if (a > 63 || b > 63)
+            continue;
+        size_t prev[64], cur[64]; /* Levenshtein distance, two rows */
+        for (size_t j = 0; j <= b; j++)
+            prev[j] = j;
+        for (size_t k = 1; k <= a; k++) {
+            cur[0] = k;
+            for (size_t j = 1; j <= b; j++) {
+                size_t sub = prev[j - 1] + (want[k - 1] != flag[j - 1]);
+                size_t del = prev[j] + 1, ins = cur[j - 1] + 1;
+                cur[j] = sub < del ? (sub < ins ? sub : ins) : (del < ins ? del : ins);
+            }
+            memcpy(prev, cur, (b + 1) * sizeof prev[0]);
+        }
+        if (prev[b] < best_d) {
+            best_d = prev[b];
+            best = &gd_settings[i];
+        }
+    }
+    return best;
+}
+
 /* Parses argv into d->config_path and d->overrides. Returns -1 to exit 0, 0 to go on, 2 on a
- * usage error. */
+ * usage error, 3 for --check-config. */
 static int parse_args(gd_daemon_t *d, int argc, char **argv)
 {
-    struct option opts[64 + 4];
+    struct option opts[GD_MAX_SETTINGS + 5];
+    static char names[GD_MAX_SETTINGS][64];
     size_t n = 0;
-    for (size_t i = 0; i < gd_settings_count && n < 64; i++) {
-        static char names[64][64];
-        snprintf(names[n], sizeof names[n], "%s", gd_settings[i].name);
-        for (char *p = names[n]; *p; p++)
-            if (*p == '_')
-                *p = '-';
+    for (size_t i = 0; i < gd_settings_count && n < GD_MAX_SETTINGS; i++) {
+        flag_name(gd_settings[i].name, names[n], sizeof names[n]);
         opts[n] = (struct option){names[n], required_argument, NULL, 1000 + (int)i};
         n++;
     }
     opts[n++] = (struct option){"config", required_argument, NULL, 'c'};
     opts[n++] = (struct option){"help", no_argument, NULL, 'h'};
     opts[n++] = (struct option){"version", no_argument, NULL, 'V'};
+    opts[n++] = (struct option){"check-config", no_argument, NULL, 'C'};
     opts[n] = (struct option){NULL, 0, NULL, 0};
     d->config_path = GD_DEFAULT_CONFIG;
+    bool check = false;
     int c;
-    while ((c = getopt_long(argc, argv, "c:hV", opts, NULL)) != -1) {
+    opterr = 0; /* one line of our own instead of getopt's and the whole help */
+    while ((c = getopt_long(argc, argv, ":c:hV", opts, NULL)) != -1) {
         if (c == 'h') {
             usage(stdout);
             return -1;
@@ -69,24 +141,61 @@ static int parse_args(gd_daemon_t *d, int argc, char **argv)
             printf("graphd %s\n", GRAPHD_VERSION);
             return -1;
         }
+        if (c == 'C') {
+            check = true;
+            continue;
+        }
         if (c == 'c') {
             d->config_path = optarg;
             d->config_required = true;
             continue;
         }
-        if (c >= 1000 && d->overrides.count < 64) {
+        if (c >= 1000 && d->overrides.count < GD_MAX_SETTINGS) {
             d->overrides.setting[d->overrides.count] = &gd_settings[c - 1000];
             d->overrides.value[d->overrides.count] = strdup(optarg);
             d->overrides.count++;
             continue;
         }
-        usage(stderr);
+        const char *bad = argv[optind - 1];
+        if (c == ':') {
+            fprintf(stderr, "graphd: %s needs a value (--%s VALUE); see graphd --help\n", bad,
+                    bad + strspn(bad, "-"));
+            return 2;
+        }
+        const gd_setting_t *near = closest_setting(bad);
+        char flag[64] = "";
+        if (near)
+            flag_name(near->name, flag, sizeof flag);
+        fprintf(stderr, "graphd: unknown option '%s'%s%s%s; see graphd --help\n", bad,
+                near ? " (did you mean --" : "", flag, near ? "?)" : "");
         return 2;
     }
     if (optind < argc) {
-        fprintf(stderr, "graphd: unexpected argument '%s'\n", argv[optind]);
+        fprintf(stderr,
+                "graphd: unexpected argument '%s'; settings are --NAME VALUE, see graphd "
+                "--help\n",
+                argv[optind]);
         return 2;
     }
+    return check ? 3 : 0;
+}
+
+/* --check-config: the settings as graphd would run with them, or the first error. */
+static int check_config(gd_daemon_t *d)
+{
+    char err[512];
+    if (gd_config_load(&d->cfg, d->config_path, d->config_required, &d->overrides, err,
+                       sizeof err) != 0) {
+        fprintf(stderr, "graphd: %s\n", err);
+        return 1;
+    }
+    printf("# %s: OK\n", d->config_path);
+    for (size_t i = 0; i < gd_settings_count; i++) {
+        char v[4096];
+        gd_config_format(&d->cfg, &gd_settings[i], v, sizeof v);
+        printf("%s = %s\n", gd_settings[i].name, v);
+    }
+    gd_config_free(&d->cfg);
     return 0;
 }
 
@@ -285,6 +394,11 @@ int main(int argc, char **argv)
     static gd_daemon_t daemon;
     gd_daemon_t *d = &daemon;
     int rc = parse_args(d, argc, argv);
+    if (rc == 3) {
+        rc = check_config(d);
+        gd_overrides_free(&d->overrides);
+        return rc;
+    }
     if (rc != 0)
         return rc < 0 ? 0 : rc;
     char err[512];

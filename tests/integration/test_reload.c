@@ -45,6 +45,19 @@ static json_t *wait_reloads(graphd_client_t *c, long long n)
     return NULL;
 }
 
+/* 1 when the daemon's log has a line containing needle. */
+static int log_has(const harness_t *h, const char *needle)
+{
+    FILE *f = fopen(h->log_path, "r");
+    char buf[4096];
+    int found = 0;
+    while (f && !found && fgets(buf, sizeof buf, f))
+        found = strstr(buf, needle) != NULL;
+    if (f)
+        fclose(f);
+    return found;
+}
+
 static void sighup_reloads(void **state)
 {
     (void)state;
@@ -69,6 +82,8 @@ static void sighup_reloads(void **state)
     assert_string_equal(config_value(st, "log_level"), "debug");
     assert_string_equal(config_value(st, "listen"), h.address);
     json_decref(st);
+    /* The log names what changed. */
+    assert_true(log_has(&h, "reload: max_sessions = 1 (was 8)"));
 
     /* The watcher holds the one session allowed now. */
     graphd_client_t *second;

@@ -1,0 +1,63 @@
+"""graphd's command line as a newcomer meets it (issue 16): --help fits 80 columns with one
+default per setting, a mistyped flag gets one line with a hint, and --check-config validates a
+file without starting anything."""
+import os
+import re
+import subprocess
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BUILD = os.path.abspath(os.environ.get("GRAPHD_BUILD", os.path.join(ROOT, "build")))
+GRAPHD = os.path.join(BUILD, "graphd")
+
+
+def graphd(*args):
+    return subprocess.run([GRAPHD, *args], capture_output=True, text=True, timeout=30)
+
+
+def settings():
+    """The settings as --check-config prints them: name -> value."""
+    r = graphd("--check-config", "--config", "/dev/null")
+    assert r.returncode == 0, r.stderr
+    return dict(line.split(" = ", 1) for line in r.stdout.splitlines()[1:])
+
+
+def test_help_fits_80_columns_with_one_default_each():
+    r = graphd("--help")
+    assert r.returncode == 0
+    long = [line for line in r.stdout.splitlines() if len(line) > 80]
+    assert long == []
+    blocks = re.split(r"^  --", r.stdout.split("settings (", 1)[1], flags=re.M)[1:]
+    names = set(settings())
+    assert {b.split("\n", 1)[0].replace("-", "_") for b in blocks} == names
+    for b in blocks:
+        body = b.split("\n", 1)[1]
+        assert len(re.findall(r"Default:\s", body)) == 1, b
+        assert not re.search(r"\(default", body, re.I), b
+
+
+def test_unknown_flag_is_one_line_with_a_hint():
+    r = graphd("--max-sesions", "3")
+    assert r.returncode == 2
+    assert r.stderr.count("\n") == 1, r.stderr
+    assert "unknown option '--max-sesions' (did you mean --max-sessions?)" in r.stderr
+    r = graphd("--frobnicate")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1
+    assert "see graphd --help" in r.stderr and "did you mean" not in r.stderr
+    r = graphd("--listen")
+    assert r.returncode == 2 and "--listen needs a value" in r.stderr
+
+
+def test_check_config(tmp_path):
+    good = tmp_path / "good.conf"
+    good.write_text("[graphd]\nmax_sessions = 7\nlog_level = debug\n")
+    r = graphd("--check-config", "--config", str(good))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("# %s: OK\n" % good)
+    assert "max_sessions = 7\n" in r.stdout and "log_level = debug\n" in r.stdout
+    bad = tmp_path / "bad.conf"
+    bad.write_text("[graphd]\nmax_sessions = many\n")
+    r = graphd("--check-config", "--config", str(bad))
+    assert r.returncode == 1
+    assert "bad.conf:2: max_sessions" in r.stderr and r.stdout == ""
+    r = graphd("--check-config", "--config", str(tmp_path / "missing.conf"))
+    assert r.returncode == 1 and "missing.conf" in r.stderr
