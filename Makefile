@@ -105,7 +105,8 @@ ZE_TEST    := $(BUILD)/tests/integration/test_ze_loader
 
 .PHONY: all deps deps-check test unit integration python-test asan demo install uninstall format lint bench clean \
         help cuda-check
-all: $(BUILD)/graphd $(BUILD)/graphd-executor $(SOCLI) $(BUILD)/graphctl $(UNIT_BIN) $(INTEG_BIN) $(BENCH_BIN) \
+MAN_PAGES := $(BUILD)/man/graphd.8 $(BUILD)/man/graphd.conf.5 $(BUILD)/man/graphctl.1
+all: $(BUILD)/graphd $(BUILD)/graphd-executor $(SOCLI) $(BUILD)/graphctl $(MAN_PAGES) $(UNIT_BIN) $(INTEG_BIN) $(BENCH_BIN) \
      $(BUILD)/bench/eacces_log.so $(ZE_DRV) $(ZE_DRV_BAD) $(ZE_TEST)
 
 help:
@@ -225,6 +226,10 @@ demo: deps
 bench: all
 	@BUILD=$(BUILD) PYTHON=$(PYTHON) bench/run.sh
 
+# Man pages from the programs' own --help (the settings table), so they cannot drift.
+$(MAN_PAGES) &: docs/man/mkman.py $(BUILD)/graphd $(BUILD)/graphctl VERSION
+	$(call say,MAN,$(BUILD)/man)$(PYTHON) docs/man/mkman.py $(BUILD) $(BUILD)/man $(VERSION)
+
 # make install / make uninstall. install records every file it writes, as installed, in
 # $(PREFIX)/share/graphd/installed-files; uninstall removes exactly those (and the directories
 # that are then empty), so a config file that was already there is never touched.
@@ -238,7 +243,7 @@ $(BUILD)/graphd.pc: Makefile VERSION
 	  'Name: graphd' 'Description: client library of graphd, graph capture and replay as a service' \
 	  'Version: $(VERSION)' 'Requires.private: grpc libprotobuf-c jansson' \
 	  'Libs: -L$${libdir} -lgraphd' 'Cflags: -I$${includedir}' > $@
-install: $(BUILD)/graphd $(BUILD)/graphd-executor $(SOCLI) $(BUILD)/graphctl $(BUILD)/graphd.pc
+install: $(BUILD)/graphd $(BUILD)/graphd-executor $(SOCLI) $(BUILD)/graphctl $(BUILD)/graphd.pc $(MAN_PAGES)
 	@set -e; d='$(DESTDIR)'; m=$$(mktemp); \
 	put() { mode=$$1; src=$$2; dst=$$3; install -D -m $$mode "$$src" "$$d$$dst"; echo "$$dst" >> $$m; }; \
 	put 755 $(BUILD)/graphd $(PREFIX)/sbin/graphd; \
@@ -253,6 +258,7 @@ install: $(BUILD)/graphd $(BUILD)/graphd-executor $(SOCLI) $(BUILD)/graphctl $(B
 	put 644 client/c/graphd.h $(PREFIX)/include/graphd.h; \
 	put 644 proto/graphd_frame.h $(PREFIX)/include/graphd_frame.h; \
 	for f in $(INSTALL_DOCS); do put 644 $$f $(PREFIX)/share/doc/graphd/$$f; done; \
+	for f in $(MAN_PAGES); do put 644 $$f $(PREFIX)/share/man/man$${f##*.}/$${f##*/}; done; \
 	if [ ! -e "$$d/etc/graphd/graphd.conf" ]; then put 644 deploy/systemd/graphd.conf /etc/graphd/graphd.conf; fi; \
 	sed 's|@SBINDIR@|$(PREFIX)/sbin|' deploy/systemd/graphd.service > $$m.unit; \
 	put 644 $$m.unit /lib/systemd/system/graphd.service; rm -f $$m.unit; \

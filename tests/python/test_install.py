@@ -52,8 +52,10 @@ def test_install_then_uninstall(tmp_path):
     assert os.readlink(p(PREFIX + "/lib/libgraphd.so")) == "libgraphd.so.0"
     dyn = subprocess.run(["readelf", "-d", real], capture_output=True, text=True).stdout
     assert "Library soname: [libgraphd.so.0]" in dyn
-    # Docs, licence, unit.
-    for rel in ("/share/doc/graphd/README.md", "/share/doc/graphd/LICENSE"):
+    # Man pages, docs, licence, unit.
+    for rel in ("/share/man/man8/graphd.8", "/share/man/man5/graphd.conf.5",
+                "/share/man/man1/graphctl.1", "/share/doc/graphd/README.md",
+                "/share/doc/graphd/LICENSE"):
         assert os.path.isfile(p(PREFIX + rel)), rel
     assert os.path.isfile(p("/lib/systemd/system/graphd.service"))
     assert PREFIX + "/sbin/graphd" in open(p("/lib/systemd/system/graphd.service")).read()
@@ -92,3 +94,17 @@ def test_uninstall_without_install_says_so(tmp_path):
     r = make("uninstall", dest=tmp_path)
     assert r.returncode != 0
     assert "nothing installed" in r.stderr
+
+
+def test_man_pages_cover_every_setting():
+    """graphd.conf(5) and graphd(8) are generated from the settings table: every setting that
+    --check-config prints has an entry in both, with its default."""
+    out = subprocess.run([os.path.join(BUILD, "graphd"), "--check-config", "--config",
+                          "/dev/null"], capture_output=True, text=True, check=True).stdout
+    names = [line.split(" = ", 1)[0] for line in out.splitlines()[1:]]
+    conf = open(os.path.join(BUILD, "man", "graphd.conf.5")).read()
+    daemon = open(os.path.join(BUILD, "man", "graphd.8")).read()
+    for name in names:
+        assert ".B %s\n" % name.replace("-", "\\-") in conf, name
+        assert "\\-\\-%s" % name.replace("_", "\\-") in daemon, name
+    assert conf.count("Default: ") == len(names)
