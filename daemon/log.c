@@ -4,7 +4,9 @@
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -37,21 +39,54 @@ int gd_log_enabled(int level)
     return level <= atomic_load(&current_level);
 }
 
+/* Where stderr goes, decided at the first record: a terminal (local time of day), journald
+ * (syslog priority prefixes, which it reads, and no time: it stamps each line itself), or
+ * anything else, such as a file (UTC timestamps with the date). journald is detected as systemd
+ * says to: $JOURNAL_STREAM names the device and inode of stderr. */
+enum { OUT_UNKNOWN, OUT_TTY, OUT_JOURNAL, OUT_FILE };
+static atomic_int out_kind = OUT_UNKNOWN;
+
+static int stderr_kind(void)
+{
+    int k = atomic_load(&out_kind);
+    if (k != OUT_UNKNOWN)
+        return k;
+    k = OUT_FILE;
+    const char *js = getenv("JOURNAL_STREAM");
+    struct stat st;
+    unsigned long long dev, ino;
+    if (isatty(STDERR_FILENO))
+        k = OUT_TTY;
+    else if (js && sscanf(js, "%llu:%llu", &dev, &ino) == 2 && fstat(STDERR_FILENO, &st) == 0 &&
+             (unsigned long long)st.st_dev == dev && (unsigned long long)st.st_ino == ino)
+        k = OUT_JOURNAL;
+    atomic_store(&out_kind, k);
+    return k;
+}
+
 void gd_log(int level, const char *fmt, ...)
 {
     if (!gd_log_enabled(level))
         return;
     char line[2048];
     int n;
-    if (isatty(STDERR_FILENO)) {
+    int kind = stderr_kind();
+    if (kind == OUT_JOURNAL) {
+        n = snprintf(line, sizeof line, "<%d>%s: ", level_prio[level], level_names[level]);
+    } else {
         struct timespec ts;
         struct tm tm;
         clock_gettime(CLOCK_REALTIME, &ts);
-        localtime_r(&ts.tv_sec, &tm);
-        n = snprintf(line, sizeof line, "%02d:%02d:%02d.%03ld %-5s ", tm.tm_hour, tm.tm_min,
-                     tm.tm_sec, ts.tv_nsec / 1000000, level_names[level]);
-    } else {
-        n = snprintf(line, sizeof line, "<%d>%s: ", level_prio[level], level_names[level]);
+        if (kind == OUT_TTY) {
+            localtime_r(&ts.tv_sec, &tm);
+            n = snprintf(line, sizeof line, "%02d:%02d:%02d.%03ld %-5s ", tm.tm_hour, tm.tm_min,
+                         tm.tm_sec, ts.tv_nsec / 1000000, level_names[level]);
+        } else {
+            gmtime_r(&ts.tv_sec, &tm);
+            n = snprintf(line, sizeof line, "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ %-5s ",
+                         tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min,
+                         tm.tm_sec, ts.tv_nsec / 1000000, level_names[level]);
+        }
     }
     va_list ap;
     va_start(ap, fmt);

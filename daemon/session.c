@@ -390,10 +390,18 @@ void gd_socket_permissions(const gd_daemon_t *d, const char *path)
         gd_warn("chmod %s: %s", path, strerror(errno));
     if (d->cfg.socket_group[0]) {
         struct group *g = getgrnam(d->cfg.socket_group);
-        if (g == NULL)
-            gd_debug("group %s does not exist; %s keeps its group", d->cfg.socket_group, path);
-        else if (chown(path, (uid_t)-1, g->gr_gid) != 0)
+        static bool warned; /* once: both sockets get here, from the loop thread */
+        if (g == NULL && !warned) {
+            warned = true;
+            struct group *own = getgrgid(getegid());
+            gd_warn("socket_group '%s' does not exist: the sockets keep group %s (mode %04o), so "
+                    "users outside it cannot connect; create the group (groupadd --system %s, or "
+                    "systemd-sysusers) and add users to it, or set socket_group",
+                    d->cfg.socket_group, own ? own->gr_name : "?", (unsigned)d->cfg.socket_mode,
+                    d->cfg.socket_group);
+        } else if (g != NULL && chown(path, (uid_t)-1, g->gr_gid) != 0) {
             gd_warn("chgrp %s %s: %s", d->cfg.socket_group, path, strerror(errno));
+        }
     }
 }
 

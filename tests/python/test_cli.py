@@ -61,3 +61,37 @@ def test_check_config(tmp_path):
     assert "bad.conf:2: max_sessions" in r.stderr and r.stdout == ""
     r = graphd("--check-config", "--config", str(tmp_path / "missing.conf"))
     assert r.returncode == 1 and "missing.conf" in r.stderr
+
+
+def start_and_stop(tmp_path, env_extra=None, journal=False):
+    """Runs graphd with stderr to a file until its session socket exists, then SIGTERM; returns
+    the log's lines."""
+    import signal
+    import time
+    log = tmp_path / "graphd.log"
+    sock = tmp_path / "g.sock"
+    with open(log, "w") as err:
+        env = dict(os.environ, **(env_extra or {}))
+        if journal:
+            st = os.fstat(err.fileno())
+            env["JOURNAL_STREAM"] = "%d:%d" % (st.st_dev, st.st_ino)
+        p = subprocess.Popen([GRAPHD, "--config", "/dev/null", "--listen", "unix:%s" % sock,
+                              "--socket-group", "no-such-group-gd"], stderr=err, env=env)
+        for _ in range(300):
+            if os.path.exists(str(sock) + ".session"):
+                break
+            time.sleep(0.1)
+        p.send_signal(signal.SIGTERM)
+        p.wait(timeout=30)
+    return log.read_text().splitlines()
+
+
+def test_log_off_a_terminal_has_timestamps_and_journald_gets_priorities(tmp_path):
+    lines = start_and_stop(tmp_path)
+    assert lines and all(re.match(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z (info|warn|error|debug) ",
+                                  line) for line in lines), lines[:3]
+    # A socket group that does not exist is a warning, once, that says what to do.
+    warned = [line for line in lines if "socket_group 'no-such-group-gd' does not exist" in line]
+    assert len(warned) == 1 and " warn " in warned[0] and "groupadd" in warned[0]
+    lines = start_and_stop(tmp_path, journal=True)
+    assert lines and all(re.match(r"<[3-7]>(info|warn|error|debug): ", line) for line in lines)
