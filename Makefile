@@ -22,7 +22,7 @@ VERSION  := $(shell cat VERSION 2>/dev/null || echo 0.0.0)
 NPROC    := $(shell nproc 2>/dev/null || echo 2)
 
 DEB_PKGS := build-essential pkg-config libgrpc-dev libprotobuf-c-dev protobuf-c-compiler \
-            libuv1-dev libcmocka-dev libze-dev libtorch-dev python3-torch python3-pytest \
+            libuv1-dev libcmocka-dev libze-dev libtorch-dev python3-torch python3-pytest python3-yaml \
             libsystemd-dev libjansson-dev libinih-dev libssl-dev libseccomp-dev openssl clang-format cppcheck clang-tidy procps
 PC_PKGS  := grpc libprotobuf-c libuv jansson inih libsystemd libcrypto libseccomp
 

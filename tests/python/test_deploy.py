@@ -1,5 +1,6 @@
-"""The systemd unit as shipped: it verifies, and systemd's own offline security analysis scores
-it at most 2.0 (issue 16). Skips with a message where systemd-analyze is absent. The unit is
+"""The deployment files as shipped. The systemd unit verifies, and systemd's own offline security
+analysis scores it at most 2.0 (issue 16). The Kubernetes manifests parse and fit together (issue
+17). Skips with a message where systemd-analyze is absent. The unit is
 checked as `make install` writes it (@SBINDIR@ replaced), with ExecStart pointing at this build's
 daemon so that verify can check the binary exists."""
 import os
@@ -15,8 +16,8 @@ UNIT = os.path.join(ROOT, "deploy", "systemd", "graphd.service")
 MAX_EXPOSURE = 2.0
 
 analyze = shutil.which("systemd-analyze")
-pytestmark = pytest.mark.skipif(analyze is None,
-                                reason="systemd-analyze is not installed (package systemd)")
+needs_analyze = pytest.mark.skipif(analyze is None,
+                                   reason="systemd-analyze is not installed (package systemd)")
 
 
 @pytest.fixture
@@ -27,11 +28,13 @@ def unit(tmp_path):
     return path
 
 
+@needs_analyze
 def test_unit_verifies(unit):
     r = subprocess.run([analyze, "verify", str(unit)], capture_output=True, text=True)
     assert r.returncode == 0 and r.stderr.strip() == "", r.stderr
 
 
+@needs_analyze
 def test_unit_security_score(unit):
     r = subprocess.run([analyze, "security", "--offline=yes", "--no-pager", str(unit)],
                        capture_output=True, text=True)
@@ -41,6 +44,7 @@ def test_unit_security_score(unit):
     assert score <= MAX_EXPOSURE, "exposure %.1f > %.1f:\n%s" % (score, MAX_EXPOSURE, r.stdout)
 
 
+@needs_analyze
 def test_unit_keeps_what_graphd_needs(unit):
     """Hardening must not take away what the daemon uses: its sandboxing syscalls, its delegated
     cgroup subtree, unix sockets, and no RuntimeDirectory duplicated by a tmpfiles entry."""
@@ -52,3 +56,92 @@ def test_unit_keeps_what_graphd_needs(unit):
     assert re.search(r"^RestrictAddressFamilies=.*\bAF_UNIX\b", text, re.M)
     assert re.search(r"^RuntimeDirectory=graphd", text, re.M)
     assert not os.path.exists(os.path.join(ROOT, "deploy", "systemd", "graphd-tmpfiles.conf"))
+
+
+# ---- Kubernetes (deploy/kubernetes): parsed and checked, never applied (no cluster here) ----
+
+K8S = os.path.join(ROOT, "deploy", "kubernetes")
+
+
+def manifests(name):
+    import yaml
+    with open(os.path.join(K8S, name)) as f:
+        return [doc for doc in yaml.safe_load_all(f) if doc]
+
+
+def one(docs, kind):
+    found = [d for d in docs if d["kind"] == kind]
+    assert len(found) == 1, "%d %s in the manifest" % (len(found), kind)
+    return found[0]
+
+
+def conf_value(text, name):
+    m = re.search(r"^\s*%s\s*=\s*(\S+)" % name, text, re.M)
+    return m.group(1) if m else None
+
+
+def test_daemonset_serves_the_node_socket_directory():
+    docs = manifests("graphd.yaml")
+    assert {d["kind"] for d in docs} == {"Namespace", "ConfigMap", "DaemonSet"}
+    ds = one(docs, "DaemonSet")
+    assert ds["apiVersion"] == "apps/v1"
+    conf = one(docs, "ConfigMap")["data"]["graphd.conf"]
+    listen = conf_value(conf, "listen")
+    assert listen and listen.startswith("unix:/run/graphd/")
+    pod = ds["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    vols = {v["name"]: v for v in pod["volumes"]}
+    mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+    # The socket directory is the node's, so training pods on the node reach the same daemon.
+    sock_dir = os.path.dirname(listen[len("unix:"):])
+    assert vols[mounts[sock_dir]]["hostPath"]["path"] == sock_dir
+    # The config file the container reads is the ConfigMap's.
+    assert c["args"] == ["--config", "/etc/graphd/graphd.conf"]
+    assert vols[mounts["/etc/graphd"]]["configMap"]["name"] == "graphd-config"
+    # Probes ask the daemon itself, on its socket.
+    for probe in ("readinessProbe", "livenessProbe"):
+        cmd = c[probe]["exec"]["command"]
+        assert os.path.basename(cmd[0]) == "graphctl" and "status" in cmd
+        assert cmd[cmd.index("--address") + 1] == listen
+    # Metrics: the port the config listens on is the one the pod declares and Prometheus scrapes.
+    port = int(conf_value(conf, "metrics_listen").rsplit(":", 1)[1])
+    assert {"name": "metrics", "containerPort": port, "protocol": "TCP"} in c["ports"]
+    ann = ds["spec"]["template"]["metadata"]["annotations"]
+    assert ann["prometheus.io/port"] == str(port) and ann["prometheus.io/path"] == "/metrics"
+    # Least privilege: not root, no capabilities, no privilege escalation, read-only root.
+    sc, psc = c["securityContext"], pod["securityContext"]
+    assert psc["runAsNonRoot"] is True and psc["runAsUser"] != 0
+    assert sc["allowPrivilegeEscalation"] is False and sc["readOnlyRootFilesystem"] is True
+    assert sc["capabilities"]["drop"] == ["ALL"] and "privileged" not in sc
+    assert psc["seccompProfile"]["type"] == "RuntimeDefault"
+
+
+def test_training_job_reaches_the_daemon():
+    ds_docs = manifests("graphd.yaml")
+    conf = one(ds_docs, "ConfigMap")["data"]["graphd.conf"]
+    listen = conf_value(conf, "listen")
+    gid = one(ds_docs, "DaemonSet")["spec"]["template"]["spec"]["securityContext"]["runAsGroup"]
+    job = one(manifests("training-job.yaml"), "Job")
+    assert job["apiVersion"] == "batch/v1"
+    pod = job["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    env = {e["name"]: e["value"] for e in c["env"]}
+    assert env["GRAPHD_ADDRESS"] == listen
+    sock_dir = os.path.dirname(listen[len("unix:"):])
+    vols = {v["name"]: v for v in pod["volumes"]}
+    mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+    assert vols[mounts[sock_dir]]["hostPath"]["path"] == sock_dir
+    # The sockets are 0660 to the graphd group: the job joins it, and runs as itself.
+    assert conf_value(conf, "socket_mode") == "0660"
+    assert gid in pod["securityContext"]["supplementalGroups"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert c["securityContext"]["allowPrivilegeEscalation"] is False
+
+
+def test_image_installs_where_the_manifests_look():
+    text = open(os.path.join(K8S, "Dockerfile")).read()
+    assert "make install PREFIX=/usr" in text
+    assert re.search(r"--gid 9464 graphd", text) and re.search(r"--uid 9464", text)
+    ds = one(manifests("graphd.yaml"), "DaemonSet")
+    (c,) = ds["spec"]["template"]["spec"]["containers"]
+    assert c["readinessProbe"]["exec"]["command"][0] == "/usr/bin/graphctl"
