@@ -9,6 +9,7 @@ The training loop runs in a child process (this file run as a script), which pau
 the test names, so that the test acts at a known point of the loop: nothing here depends on
 timing.
 """
+import ctypes
 import os
 import signal
 import subprocess
@@ -313,7 +314,7 @@ def test_an_rpc_to_a_stopped_daemon_names_it(tmp_path):
 def test_a_restart_without_a_new_daemon_says_so(tmp_path):
     """The daemon killed and none started: the call fails with graphd.Unavailable once
     GRAPHD_TIMEOUT_MS has passed, saying what to do; once a daemon runs there again, the next
-    call restores the session (pools included)."""
+    call restores the session (pools and host regions included)."""
     d = Daemons(tmp_path)
     d.start()
     old = os.environ.get("GRAPHD_TIMEOUT_MS")
@@ -327,6 +328,8 @@ def test_a_restart_without_a_new_daemon_says_so(tmp_path):
             os.environ["GRAPHD_TIMEOUT_MS"] = old
     try:
         c.create_pool("mine", "cpu:0", limit_bytes=1 << 20, mode="group")
+        region = c.alloc_region(8192, "mine")
+        ctypes.memmove(region.ptr, b"graphd-restart", 14)
         d.stop(signal.SIGKILL)
         with pytest.raises(graphd.Unavailable) as e:
             c.pools()
@@ -336,10 +339,31 @@ def test_a_restart_without_a_new_daemon_says_so(tmp_path):
         pools = {p["name"]: p for p in c.pools()}
         assert pools["mine"]["limit_bytes"] == 1 << 20 and pools["mine"]["mode"] == "group"
         assert c._recovery.restores == 1
+        # The region was allocated again in the new session, with its bytes.
+        assert ctypes.string_at(region.ptr, 14) == b"graphd-restart"
+        st = c.status()
+        assert [int(s["regions"]) for s in st["sessions"]] == [1], st["sessions"]
+        assert pools["mine"]["regions"] == 1 and pools["mine"]["used_bytes"] >= 8192
+        region.free()
+        assert [int(s["regions"]) for s in c.status()["sessions"]] == [0]
     finally:
         c.close()
         if d.proc is not None:
             d.stop()
+
+
+def test_errors_of_a_live_daemon_are_not_restarts(client):
+    """A DEADLINE_EXCEEDED the daemon sends (a bound, named in its message) and an UNAVAILABLE
+    while the daemon still lists the session (a replay connection whose executor died) are raised
+    as they are: no "not answering", no new session."""
+    sid = (client.status(), client.session_id)[1]
+    for code, message in (("DEADLINE_EXCEEDED", "module load took over max_load_ms (120000 ms)"),
+                          ("UNAVAILABLE", "the replay connection of graph 7 closed")):
+        err = graphd.errors.make_error(code, message)
+        with pytest.raises(graphd.GraphdError) as e:
+            client._recovery.recover_or_raise(err)
+        assert e.value is err
+    assert client.session_id == sid and client._recovery.restores == 0
 
 
 if __name__ == "__main__" and len(sys.argv) == 4 and sys.argv[1] == "--train":

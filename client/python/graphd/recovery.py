@@ -73,6 +73,15 @@ def replay(graph, phase, rpc, stream, recover):
     return client._replay(graph._handle, phase, rpc, stream)
 
 
+def _daemon_silent(e):
+    """True when e is the daemon not answering in time: gRPC's deadline, or libgraphd's on the
+    session socket. A DEADLINE_EXCEEDED the daemon sent (a bound such as max_load_ms, named in
+    its message) or a replay connection's (an executor's) is not."""
+    return e.code == "DEADLINE_EXCEEDED" and (
+        e.message.lower() == "deadline exceeded"
+        or e.message.startswith("no answer on the session socket"))
+
+
 def _peer_pid(address):
     """The pid of the process listening on a unix address (SO_PEERCRED of a connection the
     kernel completes even while that process is stopped); None when it cannot be told."""
@@ -183,7 +192,7 @@ class State:
         try:
             st = c.status.__wrapped__(c)
         except GraphdError as e2:
-            if e2.code == "DEADLINE_EXCEEDED":
+            if _daemon_silent(e2):
                 raise self._not_answering(e2) from None
             return e2.code in _LOST_CODES or not L.graphd_session_id(c._h)
         return not any(int(s.get("id", 0)) == sid for s in st.get("sessions", []))
@@ -194,7 +203,7 @@ class State:
         c = self._client()
         if self.active or c is None or c._closed or not c._session:
             raise e
-        if e.code == "DEADLINE_EXCEEDED":
+        if _daemon_silent(e):
             raise self._not_answering(e) from None
         gen = self.restores
         with c._lock:  # one thread restores; the others find it done
@@ -232,7 +241,7 @@ class State:
                 h = self._connect()
                 break
             except GraphdError as e:
-                if e.code == "DEADLINE_EXCEEDED":
+                if _daemon_silent(e):
                     raise self._not_answering(e) from None
                 if e.code not in _LOST_CODES:
                     raise
@@ -334,17 +343,28 @@ def _transplant(c, g, n):
     g._finalizer.atexit = False
 
 
+class _Gone:
+    pass
+
+
+def _finished():
+    """A weakref.finalize that has run (detach() gives None)."""
+    f = weakref.finalize(_Gone(), lambda: None)
+    f()
+    return f
+
+
 def _realloc(c, region):
     """A host region allocated again in the new session with the old bytes; a device region is
     left lost (its memory was the daemon's)."""
-    old_handle = region._handle
-    region._finalizer.detach()
-    # The old handle belongs to the old client: only unmap it (FreeRegion would reach the new
-    # session and a region there with the same id).
-    keep = weakref.finalize(region, _lib.lib().graphd_region_release, old_handle)
+    if region._finalizer.detach() is None:
+        return  # freed already
+    # The old handle belongs to the old client: only unmapped, when the Region goes (FreeRegion
+    # would reach the new session, and a region there with the same id).
+    keep = weakref.finalize(region, _lib.lib().graphd_region_release, region._handle)
     keep.atexit = False
-    if region.is_device:
-        region._finalizer = keep
+    if region.is_device:  # lost: free() has nothing to free, the old mapping goes with it
+        region._finalizer = _finished()
         return
     new = c.alloc_region(region.size, region.pool)
     if region.ptr and new.ptr:
@@ -352,11 +372,5 @@ def _realloc(c, region):
     new._finalizer.detach()
     region._handle, region.id, region.ptr = new._handle, new.id, new.ptr
     region.mapped_size = new.mapped_size
-    region._finalizer = weakref.finalize(region, _free_both, c, new._handle, old_handle)
+    region._finalizer = weakref.finalize(region, c._free_region, new._handle)
     region._finalizer.atexit = False
-    keep.detach()
-
-
-def _free_both(c, handle, old_handle):
-    c._free_region(handle)
-    _lib.lib().graphd_region_release(old_handle)
