@@ -13,15 +13,15 @@ through its one table. README.md, "Settings (environment)", lists them all.
 """
 from .client import (DEFAULT_ADDRESS, Client, Graph, PoolHandle, Region, default_client,
                      graph_pool_handle)
-from .errors import (AlreadyExists, FailedPrecondition, GraphdError, Internal, InvalidArgument,
-                     NotFound, PerformanceWarning, PermissionDenied, ResourceExhausted,
-                     Unavailable)
+from .errors import (AlreadyExists, DeadlineExceeded, FailedPrecondition, GraphdError, Internal,
+                     InvalidArgument, NotFound, PerformanceWarning, PermissionDenied,
+                     ResourceExhausted, Unavailable)
 
 __all__ = [
     "make_graphed_callables", "graph_pool_handle", "Client", "default_client", "Graph",
     "PoolHandle", "Region", "DEFAULT_ADDRESS", "GraphdError", "InvalidArgument", "NotFound",
     "AlreadyExists", "PermissionDenied", "ResourceExhausted", "FailedPrecondition", "Unavailable",
-    "Internal", "PerformanceWarning",
+    "Internal", "DeadlineExceeded", "PerformanceWarning",
 ]
 
 

@@ -18,7 +18,7 @@ import sys
 import threading
 import weakref
 
-from . import _lib
+from . import _lib, recovery
 from .errors import GraphdError, make_error
 
 DEFAULT_ADDRESS = "unix:/run/graphd/graphd.sock"
@@ -58,6 +58,8 @@ class Graph:
         self.pool = pool
         self.device = None  # "cuda:N" for a device-resident graph (set by make_graphed_callables)
         self.copy_param_grads = False  # as captured (device-resident graphs only)
+        self._lost = None  # why replays fail for good (device memory gone with a daemon restart)
+        self._runner = None  # weakref to what rebinds its static tensors after a restart
         L = _lib.lib()
         self.id = int(L.graphd_graph_id(handle))
         self.training = bool(L.graphd_graph_training(handle))
@@ -76,7 +78,7 @@ class Graph:
         self._finalizer = weakref.finalize(self, client._release_graph, handle)
         self._finalizer.atexit = False
 
-    def replay(self, phase, rpc=False, stream=None):
+    def replay(self, phase, rpc=False, stream=None, recover=True):
         """Replays FORWARD (0) or BACKWARD (1); returns the daemon's time in ns. The session
         socket's REPLAY frame by default, the gRPC Replay RPC with rpc=True.
 
@@ -84,10 +86,12 @@ class Graph:
         handle; 0 is the default stream) to order the replay by instead of waiting for it: the
         replay runs after the work queued on the stream so far, the work queued after the call
         runs after the replay, and the call returns once the daemon has launched it (CUDA IPC
-        events; no host synchronisation)."""
-        return self._client._replay(self._handle, phase, rpc,
-                                    None if stream is None else getattr(stream, "cuda_stream",
-                                                                        stream))
+        events; no host synchronisation).
+
+        When the daemon went away, the session is restored and the replay retried once
+        (graphd.recovery); recover=False raises instead."""
+        return recovery.replay(self, phase, rpc, None if stream is None else
+                               getattr(stream, "cuda_stream", stream), recover)
 
     def __repr__(self):
         return "<graphd.Graph id=%d pool=%r training=%s tensors=%d>" % (
@@ -178,6 +182,7 @@ class Client:
         self._session = False
         self._closed = False
         self.address = _lib.text(L.graphd_address(handle))
+        self._recovery = recovery.State(self)  # what a daemon restart needs made again
         _clients.add(self)
 
     # ---- plumbing ----------------------------------------------------------------------
@@ -230,6 +235,7 @@ class Client:
         with self._lock:
             return int(_lib.lib().graphd_session_id(self._h)) if self._h else 0
 
+    @recovery.retrying
     def status(self):
         """The daemon's Status as plain dicts and lists: keys "daemon", "devices", "pools",
         "sessions", "graphs", "others", field names as in graphd.proto. Asked as this client's
@@ -253,6 +259,7 @@ class Client:
                     raise self._fail(rc, "Status failed")
                 return json.loads(buf.value.decode("utf-8"))
 
+    @recovery.retrying
     def devices(self):
         """Devices the daemon serves: dicts with id, kind, name, compute_capability, ordinal,
         memory_total, memory_free and mps (bool: on a CUDA device, the daemon's contexts go
@@ -264,6 +271,7 @@ class Client:
             d["mps"] = bool(d["mps"])
         return devs
 
+    @recovery.retrying
     def pools(self):
         """The pools this client's session (opened if need be) may use, with their accounting:
         dicts with name, device, limit_bytes, reserved_bytes, used_bytes, regions, sessions,
@@ -281,6 +289,7 @@ class Client:
             p["delete_with_session"] = bool(p["delete_with_session"])
         return pools
 
+    @recovery.retrying
     def create_pool(self, name, device=None, limit_bytes=0, mode="private",
                     delete_with_session=False):
         """Creates a named pool (device default "cpu:0"; limit 0: the daemon's default) owned by
@@ -302,10 +311,14 @@ class Client:
             if rc != 0:
                 raise self._fail(rc, "CreatePool failed")
         d = self._struct_dict(info)
+        self._recovery.pool_created(name, dict(device=d["device"], limit_bytes=limit_bytes,
+                                               mode=mode,
+                                               delete_with_session=delete_with_session))
         d["mode"] = mode
         d["delete_with_session"] = bool(d["delete_with_session"])
         return d
 
+    @recovery.retrying
     def delete_pool(self, name):
         """Deletes an empty pool this client's uid owns (root and the daemon's user may delete
         any but the default pool). graphd.NotFound; graphd.PermissionDenied for another uid's
@@ -316,6 +329,7 @@ class Client:
             rc = _lib.lib().graphd_pool_delete(self._h, name.encode())
             if rc != 0:
                 raise self._fail(rc, "DeletePool failed")
+            self._recovery.pool_deleted(name)
 
     def check_device(self, device):
         """The canonical id of device ("cpu" => "cpu:0"); graphd.NotFound when the daemon does
@@ -360,6 +374,7 @@ class Client:
     def __repr__(self):
         return "<graphd.Client %s%s>" % (self.address, " closed" if self._closed else "")
 
+    @recovery.retrying
     def alloc_region(self, size, pool=None, device=False):
         """Allocates a shared region of size bytes for this client's session in pool (a
         PoolHandle, a pool name, or None: the daemon's default pool) and maps it here: host
@@ -377,7 +392,9 @@ class Client:
                     ctypes.byref(handle))
             if rc != 0:
                 raise self._fail(rc, "AllocRegion failed")
-            return Region(self, handle, pool_name)
+            region = Region(self, handle, pool_name)
+            self._recovery.region_allocated(region)
+            return region
 
     def _free_region(self, handle, raise_errors=False):
         if _exiting:
@@ -392,6 +409,7 @@ class Client:
 
     # ---- modules and graphs (used by graphd.make_graphed_callables) --------------------
 
+    @recovery.retrying
     def register_module(self, archive, name=None):
         """Registers a TorchScript archive (bytes) for this client's session; returns its id."""
         mid = ctypes.c_uint64(0)
@@ -403,16 +421,18 @@ class Client:
                     ctypes.byref(mid))
             if rc != 0:
                 raise self._fail(rc, "RegisterModule failed")
+        self._recovery.module_registered(int(mid.value), archive, name)
         return int(mid.value)
 
     def release_module(self, module_id):
         fn = _lib.lib().graphd_module_release
         with self._lock:
             self._check_open()
-            rc = fn(self._h, int(module_id))
+            rc = fn(self._h, self._recovery.module_released(int(module_id)))
             if rc != 0:
                 raise self._fail(rc, "ReleaseModule failed")
 
+    @recovery.retrying
     def capture(self, callables, num_warmup_iters=3, allow_unused_input=False, pool=None,
                 device_resident=False, copy_param_grads=False):
         """Captures callables, a list of (module_id, method or None, [(dtype code, shape,
@@ -439,7 +459,7 @@ class Client:
                     arr[j].shape[k] = int(s)
                 arr[j].requires_grad = 1 if requires_grad else 0
             keep.append(arr)
-            cs[i].module_id = module_id
+            cs[i].module_id = self._recovery.module_id(module_id)
             cs[i].method = method.encode() if method else None
             cs[i].n_args = len(specs)
             cs[i].args = arr
@@ -468,6 +488,9 @@ class Client:
             for i in range(len(graphs), n):
                 self._release_graph(ctypes.c_void_p(handles[i]))
             raise
+        self._recovery.captured(callables, dict(
+            num_warmup_iters=num_warmup_iters, allow_unused_input=allow_unused_input, pool=pool,
+            device_resident=device_resident, copy_param_grads=copy_param_grads), graphs)
         return graphs
 
     def _replay(self, handle, phase, rpc, stream=None):

@@ -60,9 +60,15 @@ class Internal(GraphdError):
     code = "INTERNAL"
 
 
+class DeadlineExceeded(GraphdError):
+    """No answer within GRAPHD_TIMEOUT_MS: the daemon is stopped, hung or overloaded (the
+    message names its pid when the socket tells it)."""
+    code = "DEADLINE_EXCEEDED"
+
+
 _BY_CODE = {cls.code: cls for cls in (InvalidArgument, NotFound, AlreadyExists, PermissionDenied,
                                       ResourceExhausted, FailedPrecondition, Unavailable,
-                                      Internal)}
+                                      Internal, DeadlineExceeded)}
 
 
 def make_error(code, message, errno=0):

@@ -61,7 +61,7 @@ import weakref
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from . import _lib
+from . import _lib, recovery
 from .client import PoolHandle, default_client, graph_pool_handle, normalize_device
 from .errors import PerformanceWarning, make_error
 from .tracing import WRAPPED, callable_name, trace as _trace
@@ -237,7 +237,8 @@ class _Rng:
 
     def before(self):
         if self.state.dtype == torch.uint8:
-            self.state.copy_(torch.get_rng_state())
+            self.saved = torch.get_rng_state()  # a new tensor: kept for a re-run (recovered)
+            self.state.copy_(self.saved)
         elif self.cuda is not None:
             seed = self.cuda.initial_seed()
             self.offset = self.cuda.get_offset()
@@ -246,6 +247,7 @@ class _Rng:
         else:
             self.state[0] = int(torch.empty((), dtype=torch.int64).random_())
             self.state[1] = 0
+            self.saved = self.state.clone()
 
     def after(self):
         if self.state.dtype == torch.uint8:
@@ -264,11 +266,19 @@ class _Runner:
     user's parameters (in PARAM order) and the output structure."""
 
     def __init__(self, graph, static, n_args, module_params, out_spec, module_buffers=(),
-                 slots=()):
+                 slots=(), bound_args=()):
         self.graph = graph
         self.static = static
         self.n_args = n_args
         self.module_params = tuple(module_params)
+        self.module_buffers = tuple(module_buffers)
+        # The user's sample args that live in this graph's static inputs (weakly), rebound after
+        # a daemon restart with the parameters and buffers (recovered()).
+        self.bound_args = [weakref.ref(x) for x in bound_args]
+        # Set when a daemon restart lost the saved activations of the graph's last FORWARD: a
+        # BACKWARD then runs that FORWARD again first (recovered(), _reforward()).
+        self.stale = False
+        graph._runner = weakref.ref(self)
         # Buffers that live in another graph's static tensor (a module shared by two callables
         # of one call): copied in before each FORWARD and back after it. The others live in this
         # graph's: a buffer found elsewhere at a call was converted (module.double()) since.
@@ -310,13 +320,71 @@ class _Runner:
                 runner.protect()
         elif self.handed_out:
             self.protect()
+        if phase == _lib.PHASE_BACKWARD and self.stale:
+            self._reforward()
+        try:
+            self._replay(phase, "raise")
+        except recovery.Recovered:  # the daemon was restarted: retried once, on the new graph
+            if phase == _lib.PHASE_BACKWARD and self.stale:
+                self._reforward()
+            self._replay(phase, False)
+        if phase == _lib.PHASE_FORWARD:
+            self.stale = False
+
+    def _replay(self, phase, recover):
         if self.cuda_device is None:
-            self.graph.replay(phase)
+            self.graph.replay(phase, recover=recover)
         elif self.host_sync:
             torch.cuda.current_stream(self.cuda_device).synchronize()
-            self.graph.replay(phase)
+            self.graph.replay(phase, recover=recover)
         else:
-            self.graph.replay(phase, stream=_current_raw_stream(self.cuda_device))
+            self.graph.replay(phase, stream=_current_raw_stream(self.cuda_device),
+                              recover=recover)
+
+    def recovered(self):
+        """The daemon was restarted and the graph captured again (graphd.recovery): its new
+        static tensors hold the old ones' bytes. The module's parameters and buffers and the
+        sample args that lived in the old static tensors are rebound to the new ones (the same
+        Parameter objects, so an optimizer's references and state stay valid); tensors the user
+        took before (outputs, p.grad) keep the old mapping, which the Graph keeps."""
+        old = self.static
+        new = _Static(self.graph, self.n_args)
+        with torch.no_grad():
+            for ts, olds, news in ((self.module_params, old.params, new.params),
+                                   (self.module_buffers, old.buffers, new.buffers)):
+                for t, o, n in zip(ts, olds, news):
+                    if _same_tensor(t, o):
+                        t.data = n
+            for ref in self.bound_args:
+                x = ref()
+                for o, n in zip(old.inputs, new.inputs) if x is not None else ():
+                    if _same_tensor(x, o):
+                        x.data = n
+                        break
+        self.static = new
+        self.mirrored_buffers = [(v, b) for v, b in zip(new.buffers, self.module_buffers)
+                                 if not _same_tensor(v, b)]
+        self.own_buffers = [(v, b) for v, b in zip(new.buffers, self.module_buffers)
+                            if _same_tensor(v, b)]
+        saved = getattr(self.rng, "saved", None)
+        self.rng = _Rng(new.rng, self.cuda_device) if new.rng is not None else None
+        if saved is not None:
+            self.rng.saved = saved
+        self.stale = self.forwards > 0
+
+    def _reforward(self):
+        """Runs the last FORWARD again on a graph captured anew after a daemon restart, so that
+        the BACKWARD that follows has its saved activations: from the same inputs (still in the
+        static inputs) and RNG state, and the buffers left as that FORWARD had left them."""
+        s = self.static
+        buffers = [b.clone() for b in s.buffers]
+        if self.rng is not None and getattr(self.rng, "saved", None) is not None:
+            self.rng.state.copy_(self.rng.saved)
+        self._replay(_lib.PHASE_FORWARD, False)
+        with torch.no_grad():
+            for b, v in zip(s.buffers, buffers):
+                b.copy_(v)
+        self.stale = False
 
     def protect(self):
         """Before a replay that may overwrite this runner's static gradients (its own BACKWARD;
@@ -446,6 +514,7 @@ class _Graphed(torch.autograd.Function):
         ctx.forward = runner.forwards
         for static, b in runner.mirrored_buffers:
             b.copy_(static)
+        s = runner.static  # captured anew if the daemon was restarted under the replay
         outs = tuple(o.detach() for o in s.outputs)
         if runner.no_grad_outputs:
             ctx.mark_non_differentiable(*(outs[k] for k in runner.no_grad_outputs))
@@ -470,6 +539,7 @@ class _Graphed(torch.autograd.Function):
             elif not _same_tensor(static, grad):
                 static.copy_(grad)
         runner.replay(_lib.PHASE_BACKWARD)
+        s = runner.static  # captured anew if the daemon was restarted under the replay
         result = [None]  # the runner
         for k in range(runner.n_args):
             g = s.grad_inputs.get(k)
@@ -685,7 +755,8 @@ def _bind_buffers(func, prefix, static, graph_id, bound, free=()):
 def _bind_sample_args(flat_args, static, bound):
     """As upstream, where the sample args are the static inputs: a sample arg that is a plain
     leaf tensor (not a view, not a Parameter) now lives in the static input, so a loop that fills
-    it in place and passes it pays no copy."""
+    it in place and passes it pays no copy. Returns the args it bound."""
+    done = []
     with torch.no_grad():
         for x, view in zip(flat_args, static.inputs):
             if (id(x) in bound or isinstance(x, torch.nn.Parameter) or not x.is_leaf
@@ -695,6 +766,8 @@ def _bind_sample_args(flat_args, static, bound):
             view.copy_(x)
             x.data = view
             bound.add(id(x))
+            done.append(x)
+    return done
 
 
 def make_graphed_callables(callables, sample_args, num_warmup_iters=3, allow_unused_input=False,
@@ -783,12 +856,12 @@ def make_graphed_callables(callables, sample_args, num_warmup_iters=3, allow_unu
         static = _Static(graph, len(flat))
         params = _bind_params(func, prefix, static, graph.id, bound)
         buffers = _bind_buffers(func, prefix, static, graph.id, bound, free)
-        _bind_sample_args(flat, static, bound)
+        bound_args = _bind_sample_args(flat, static, bound)
         slots = []
         if isinstance(func, torch.nn.Module) and not isinstance(func, torch.jit.ScriptModule):
             slots = (_slots(func, static.param_names, prefix, "_parameters")
                      + _slots(func, static.buffer_names, prefix, "_buffers"))
-        graphed = _Runner(graph, static, len(flat), params, out_spec, buffers, slots)
+        graphed = _Runner(graph, static, len(flat), params, out_spec, buffers, slots, bound_args)
 
         if isinstance(func, torch.nn.Module):
             def make_graphed_forward(func, graph_training_state, graphed, orig_fwd):
