@@ -547,6 +547,22 @@ static void devices_and_telemetry(void **state)
     assert_false(json_is_true(json_object_get(t, "wedged")));
     json_decref(d);
     assert_int_equal(count_in(daemon_log(&f), "no xpu device listed"), 0);
+
+    /* graphctl status --json prints what Status has: both devices and their telemetry. */
+    char path[HARNESS_PATH_MAX + 16];
+    snprintf(path, sizeof(path), "%s/graphctl", harness_build_dir());
+    const char *argv[] = {path, "--address", f.h.address, "--json", "status", NULL};
+    static char out[1 << 16];
+    char err[4096];
+    assert_int_equal(harness_run(argv, out, sizeof(out), err, sizeof(err), 10000), 0);
+    json_error_t jerr;
+    json_t *js = json_loads(out, 0, &jerr);
+    assert_non_null(js);
+    json_t *x1 = harness_find(json_object_get(js, "devices"), "id", "xpu:1");
+    assert_non_null(x1);
+    assert_string_equal(json_string_value(json_object_get(x1, "uuid")), uuids[1]);
+    assert_true(json_is_object(json_object_get(x1, "telemetry")));
+    json_decref(js);
     goodbye(&s);
     stop(&f);
 }
