@@ -66,9 +66,9 @@ enum graphd_device_family {
 #define GRAPHD_DEVICE_INDEX_MAX 63u /* indices 0..63 within a family */
 #define GRAPHD_DEVICE_CODE(family, index)                                                          \
     ((uint64_t)(((unsigned)(family) << GRAPHD_DEVICE_FAMILY_SHIFT) |                               \
-                ((unsigned)(index)&GRAPHD_DEVICE_INDEX_MAX)))
+                (GRAPHD_DEVICE_INDEX_MAX & (unsigned)(index))))
 #define GRAPHD_DEVICE_CODE_FAMILY(code) ((unsigned)((code) >> GRAPHD_DEVICE_FAMILY_SHIFT) & 3u)
-#define GRAPHD_DEVICE_CODE_INDEX(code) ((unsigned)(code)&GRAPHD_DEVICE_INDEX_MAX)
+#define GRAPHD_DEVICE_CODE_INDEX(code) (GRAPHD_DEVICE_INDEX_MAX & (unsigned)(code))
 
 /* REPLAY arg: the phase in the low byte, flags in the next. */
 #define GRAPHD_REPLAY_PHASE_MASK 0xffu
