@@ -59,8 +59,8 @@ int gd_metrics_parse_listen(const char *listen, struct sockaddr_storage *addr, s
         *len = sizeof *v6;
         return 0;
     }
-    snprintf(err, errlen, "metrics_listen '%s': '%s' is not an IP address (no host names); %s",
-             listen, host, want);
+    snprintf(err, errlen, "metrics_listen '%s': '%s' is not an IP address (no host names%s); %s",
+             listen, host, strchr(host, ':') ? "; an IPv6 address goes in brackets" : "", want);
     return -1;
 }
 
