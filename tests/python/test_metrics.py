@@ -109,7 +109,8 @@ def metrics_daemon(tmp_path):
 
 
 def rpc_calls(samples):
-    return {(lab["method"], lab["code"]): v for lab, v in select(samples, "graphd_rpc_calls_total")}
+    return {(lab["method"], lab["code"]): v
+            for lab, v in select(samples, "graphd_rpc_calls_total")}
 
 
 def check_histogram(samples, name, **labels):
@@ -131,7 +132,7 @@ def test_metrics_match_status(metrics_daemon):
     before_work = rpc_calls(parse(scrape(url + "/metrics"))[0])
     with graphd.Client(address) as c:
         c.create_pool("metrics-pool", "cpu:0", limit_bytes=1 << 20)
-        regions = [c.alloc_region(4096, pool="metrics-pool"), c.alloc_region(8192, pool="metrics-pool")]
+        regions = [c.alloc_region(n, pool="metrics-pool") for n in (4096, 8192)]
         mid = c.register_module(_archive(), "lin")
         (g,) = c.capture([(mid, None, [(1, (4, 3), False)])], pool="metrics-pool")
         for _ in range(5):
@@ -175,12 +176,12 @@ def test_metrics_match_status(metrics_daemon):
                            if p["device"] == d["id"])
             assert get(m, "graphd_device_memory_reserved_bytes", device=d["id"]) == reserved
         assert get(m, "graphd_build_info", version=st["daemon"]["version"]) == 1
-        assert get(m, "graphd_sessions", ) == int(st["daemon"]["sessions"])
+        assert get(m, "graphd_sessions") == int(st["daemon"]["sessions"])
         uid = str(os.getuid())
         mine = [s for s in st["sessions"] if s.get("attached") and str(s.get("uid", 0)) == uid]
         assert get(m, "graphd_uid_sessions", uid=uid) == len(mine) >= 1
-        assert get(m, "graphd_uid_region_bytes", uid=uid) == sum(int(s.get("bytes", 0))
-                                                                  for s in mine)
+        region_bytes = sum(int(s.get("bytes", 0)) for s in mine)
+        assert get(m, "graphd_uid_region_bytes", uid=uid) == region_bytes
         for e in st.get("executors", []):
             lab = {"uid": str(e.get("uid", 0)), "device": e["device"]}
             assert get(m, "graphd_executor_starts_total", **lab) == int(e.get("starts", 0))
