@@ -85,6 +85,7 @@ void gd_metrics_stop(gd_daemon_t *d)
 
 #include <microhttpd.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <time.h>
 
 #define ANSWER_WAIT_S 2
@@ -191,6 +192,16 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     return respond(conn, MHD_HTTP_OK, body, len, "text/plain; version=0.0.4; charset=utf-8");
 }
 
+/* libmicrohttpd's own messages, as log lines of ours (it may call this from its thread). */
+static void mhd_log(void *cls, const char *fmt, va_list ap)
+{
+    (void)cls;
+    char msg[512];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    msg[strcspn(msg, "\n")] = 0;
+    gd_warn("metrics: libmicrohttpd: %s", msg);
+}
+
 static void on_closed(uv_handle_t *h)
 {
     gd_metrics_t *m = h->data;
@@ -231,8 +242,12 @@ int gd_metrics_start(gd_daemon_t *d)
     if (addr.ss_family == AF_INET6)
         flags |= MHD_USE_IPv6;
     /* A scraper that stops reading is dropped after 10 s; it never holds up the loop. */
-    m->mhd = MHD_start_daemon(flags, 0, NULL, NULL, on_request, m, MHD_OPTION_SOCK_ADDR,
-                              (struct sockaddr *)&addr, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)10,
+    /* The port is in addr; given again so that libmicrohttpd's messages name it. */
+    uint16_t port = ntohs(addr.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&addr)->sin6_port
+                                                     : ((struct sockaddr_in *)&addr)->sin_port);
+    m->mhd = MHD_start_daemon(flags, port, NULL, NULL, on_request, m, MHD_OPTION_EXTERNAL_LOGGER,
+                              mhd_log, NULL, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr,
+                              MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)10,
                               MHD_OPTION_CONNECTION_LIMIT, (unsigned)64, MHD_OPTION_END);
     if (m->mhd == NULL) {
         gd_error("metrics_listen %s: cannot listen there (%s); choose a free port or another "
