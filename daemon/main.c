@@ -190,10 +190,7 @@ static int check_config(gd_daemon_t *d)
         fprintf(stderr, "graphd: %s\n", err);
         return 1;
     }
-    struct sockaddr_storage addr;
-    socklen_t addr_len;
-    if (d->cfg.metrics_listen[0] &&
-        gd_metrics_parse_listen(d->cfg.metrics_listen, &addr, &addr_len, err, sizeof err) != 0) {
+    if (gd_metrics_check(d->cfg.metrics_listen, err, sizeof err) != 0) {
         fprintf(stderr, "graphd: %s\n", err);
         gd_config_free(&d->cfg);
         return 1;

@@ -64,15 +64,31 @@ int gd_metrics_parse_listen(const char *listen, struct sockaddr_storage *addr, s
     return -1;
 }
 
+int gd_metrics_check(const char *listen, char *err, size_t errlen)
+{
+    if (listen == NULL || listen[0] == 0)
+        return 0;
+#ifndef GD_HAVE_MHD
+    snprintf(err, errlen,
+             "graphd was built without libmicrohttpd (Debian: libmicrohttpd-dev); metrics_listen "
+             "needs it");
+    return -1;
+#else
+    struct sockaddr_storage addr;
+    socklen_t len;
+    return gd_metrics_parse_listen(listen, &addr, &len, err, errlen);
+#endif
+}
+
 #ifndef GD_HAVE_MHD
 
 int gd_metrics_start(gd_daemon_t *d)
 {
     d->metrics = NULL;
-    if (d->cfg.metrics_listen == NULL || d->cfg.metrics_listen[0] == 0)
+    char err[256];
+    if (gd_metrics_check(d->cfg.metrics_listen, err, sizeof err) == 0)
         return 0;
-    gd_error("graphd was built without libmicrohttpd (Debian: libmicrohttpd-dev); metrics_listen "
-             "needs it");
+    gd_error("%s", err);
     return -1;
 }
 

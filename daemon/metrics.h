@@ -17,6 +17,9 @@ typedef struct gd_metrics gd_metrics_t;
  * addr. 0, or -1 with what to change in err. */
 int gd_metrics_parse_listen(const char *listen, struct sockaddr_storage *addr, socklen_t *len,
                             char *err, size_t errlen);
+/* Whether graphd can serve metrics_listen (empty: off, fine): this build has libmicrohttpd and
+ * the address parses. 0, or -1 with what to change in err. For start-up and --check-config. */
+int gd_metrics_check(const char *listen, char *err, size_t errlen);
 /* Starts the endpoint when d->cfg.metrics_listen is set (d->metrics; NULL when off). 0, or -1
  * (logged): a bad address, a graphd built without libmicrohttpd, or the port taken. */
 int gd_metrics_start(gd_daemon_t *d);

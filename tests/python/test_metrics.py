@@ -236,3 +236,6 @@ def test_bad_metrics_listen_refuses_to_start(tmp_path, listen, says):
     out = r.stdout + r.stderr
     assert says in out and "e.g. 127.0.0.1:9464" in out, out
     assert not (tmp_path / "bad.sock").exists()
+    r = subprocess.run([str(BUILD / "graphd"), "--check-config", "--config", "/dev/null",
+                        "--metrics-listen", listen], capture_output=True, text=True, timeout=30)
+    assert r.returncode != 0 and says in r.stderr, r.stdout + r.stderr

@@ -97,6 +97,10 @@ static void without_libmicrohttpd(void **state)
     assert_non_null(strstr(log, "graphd was built without libmicrohttpd (Debian: "
                                 "libmicrohttpd-dev); metrics_listen needs it"));
     gd_metrics_stop(&d);
+    char err[256];
+    assert_int_equal(gd_metrics_check("127.0.0.1:9464", err, sizeof err), -1); /* --check-config */
+    assert_non_null(strstr(err, "built without libmicrohttpd"));
+    assert_int_equal(gd_metrics_check("", err, sizeof err), 0);
 }
 
 int main(void)
