@@ -23,8 +23,15 @@ NPROC    := $(shell nproc 2>/dev/null || echo 2)
 
 DEB_PKGS := build-essential pkg-config libgrpc-dev libprotobuf-c-dev protobuf-c-compiler \
             libuv1-dev libcmocka-dev libze-dev libtorch-dev python3-torch python3-pytest python3-yaml \
-            libsystemd-dev libjansson-dev libinih-dev libssl-dev libseccomp-dev openssl clang-format cppcheck clang-tidy procps
+            libsystemd-dev libjansson-dev libinih-dev libssl-dev libseccomp-dev openssl clang-format cppcheck clang-tidy procps \
+            libmicrohttpd-dev
 PC_PKGS  := grpc libprotobuf-c libuv jansson inih libsystemd libcrypto libseccomp
+# libmicrohttpd serves /metrics (daemon/metrics.c). Optional: where pkg-config does not find it,
+# graphd still builds, and refuses to start with a non-empty metrics_listen.
+ifneq ($(shell pkg-config --exists libmicrohttpd 2>/dev/null && echo yes),)
+PC_PKGS  += libmicrohttpd
+MHD_DEFS := -DGD_HAVE_MHD
+endif
 
 PC_CFLAGS = $(shell pkg-config --cflags $(PC_PKGS) 2>/dev/null)
 PC_LIBS   = $(shell pkg-config --libs $(PC_PKGS) 2>/dev/null)
@@ -56,7 +63,7 @@ WARN     := -Wall -Wextra -Werror
 CFLAGS   ?= -O2 -g
 CXXFLAGS ?= -O2 -g
 ALL_CFLAGS   = -std=c11 $(WARN) -Wstrict-prototypes -D_GNU_SOURCE -fPIC -MMD -MP \
-               -DGRAPHD_VERSION='"$(VERSION)"' $(INCLUDES) $(PC_CFLAGS) $(SANFLAGS) $(CFLAGS)
+               -DGRAPHD_VERSION='"$(VERSION)"' $(MHD_DEFS) $(INCLUDES) $(PC_CFLAGS) $(SANFLAGS) $(CFLAGS)
 ALL_CXXFLAGS = -std=c++17 $(WARN) -fPIC -MMD -MP $(INCLUDES) $(TORCH_CFLAGS) $(SANFLAGS) $(CXXFLAGS)
 LDLIBS_ALL   = $(PC_LIBS) -lpthread -lm -ldl
 LDFLAGS_ALL  = $(SANFLAGS) -Wl,--as-needed $(LDFLAGS)

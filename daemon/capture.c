@@ -34,6 +34,7 @@ typedef struct {
     /* gd_now_ns() at each step's start and end, for the capture's log line: where its time goes
      * (the gaps between them are waits in the worker's queue and the loop's) */
     uint64_t t0, prepare_start, prepare_end, regions_start, regions_end, finish_start, finish_end;
+    bool succeeded; /* answered with the graphs */
     /* filled on the loop between the two steps */
     uint64_t region_ids[MAX_CALLABLES];
     /* host regions: fd is the op's own duplicate of the region's memfd (-1: none), since the
@@ -61,6 +62,11 @@ static void close_bases(capture_op_t *op)
 /* The end of every capture, on the loop (its graphs, if any, are registered by now). */
 static void capture_op_free(gd_daemon_t *d, capture_op_t *op)
 {
+    if (op->t0 != 0) { /* it started: count it for the metrics */
+        d->captures++;
+        d->captures_failed += !op->succeeded;
+        gd_hist_add(&d->capture_latency, gd_now_ns() - op->t0);
+    }
     close_bases(op);
     gd_session_t *s = op->reserved ? gd_session_find(d, op->session) : NULL;
     if (s != NULL)
@@ -309,6 +315,7 @@ static void capture_finish_done(gd_job_t *job)
         rep.graphs = info_list;
         rep.n_graphs = op->n;
         rep.capture_ns = ns;
+        op->succeeded = true;
         gd_call_reply(op->call, &rep.base);
     }
     for (size_t i = 0; i < op->n; i++) {

@@ -21,6 +21,7 @@ typedef struct gd_config {
     uint64_t socket_mode;
     char *tls_cert;
     char *tls_key;
+    char *metrics_listen;
     uint64_t log_level;
     uint64_t max_message_bytes;
     uint64_t max_region_bytes;

@@ -144,6 +144,11 @@ typedef struct gd_daemon {
     uint64_t reloads;
     uint64_t replays_dropped;      /* queued replays of ended sessions, removed unrun */
     uint64_t clients_disconnected; /* sessions ended for not reading (reply_buffer_max_bytes) */
+    /* captures that started (their first step queued), how many failed, and how long each took
+     * from then to its end (capture.c's capture_op_free), for the metrics */
+    uint64_t captures, captures_failed;
+    gd_hist_t capture_latency;
+    struct gd_metrics *metrics; /* the /metrics endpoint (metrics.h); NULL: metrics_listen off */
     bool stopping;
     bool calls_cancelled; /* the grace period after SIGTERM ran out once */
     int exit_code;

@@ -6,6 +6,7 @@
 #include "cgroup.h"
 #include "daemon.h"
 #include "log.h"
+#include "metrics.h"
 #include "runtime.h"
 
 #include <errno.h>
@@ -189,6 +190,11 @@ static int check_config(gd_daemon_t *d)
         fprintf(stderr, "graphd: %s\n", err);
         return 1;
     }
+    if (gd_metrics_check(d->cfg.metrics_listen, err, sizeof err) != 0) {
+        fprintf(stderr, "graphd: %s\n", err);
+        gd_config_free(&d->cfg);
+        return 1;
+    }
     printf("# %s: OK\n", d->config_path);
     for (size_t i = 0; i < gd_settings_count; i++) {
         char v[4096];
@@ -240,6 +246,7 @@ static void on_rpc_idle(void *ctx)
     gd_sessions_end_all(d);
     gd_sessions_close_listener(d);
     gd_graphs_stop(d);
+    gd_metrics_stop(d);
     gd_rpc_destroy(d->rpc);
     d->rpc = NULL;
     if (strncmp(d->cfg.listen, "unix:", 5) == 0)
@@ -312,6 +319,8 @@ static void raise_file_limit(void)
 static int start(gd_daemon_t *d)
 {
     raise_file_limit();
+    if (gd_metrics_start(d) != 0)
+        return -1;
     if (pm_manager_create(d->cfg.max_region_bytes, &d->pools) != PM_OK) {
         gd_error("cannot create the pool manager");
         return -1;

@@ -57,6 +57,8 @@ struct gd_rpc {
     atomic_bool server_down;
     atomic_uint_fast64_t inflight; /* decoded or being decoded, not yet freed */
     atomic_uint_fast64_t calls_total, calls_failed;
+    /* finished calls by [method][status code]; row nmethods: methods graphd does not have */
+    atomic_uint_fast64_t (*calls_by)[GD_RPC_CODES];
     void (*on_idle)(void *ctx);
     bool idle_reported;
     bool cancelled;
@@ -139,6 +141,8 @@ static void finish(gd_call_t *c, int status, const char *msg)
     atomic_fetch_add(&rpc->calls_total, 1);
     if (status != GRPC_STATUS_OK)
         atomic_fetch_add(&rpc->calls_failed, 1);
+    size_t row = c->method ? (size_t)(c->method - rpc->methods) : rpc->nmethods;
+    atomic_fetch_add(&rpc->calls_by[row][status >= 0 && status < GD_RPC_CODES ? status : 2], 1);
     c->stage = STAGE_DONE;
     grpc_call_error e = grpc_call_start_batch(c->call, ops, n, c, NULL);
     if (e != GRPC_CALL_OK) {
@@ -366,6 +370,11 @@ int gd_rpc_start(uv_loop_t *loop, const gd_rpc_opts_t *opts, const gd_method_t *
         return -1;
     rpc->methods = methods;
     rpc->nmethods = nmethods;
+    rpc->calls_by = calloc(nmethods + 1, sizeof *rpc->calls_by);
+    if (rpc->calls_by == NULL) {
+        free(rpc);
+        return -1;
+    }
     rpc->ctx = ctx;
     rpc->loop = loop;
     rpc->shutdown_tag.stage = STAGE_SHUTDOWN;
@@ -397,6 +406,7 @@ int gd_rpc_start(uv_loop_t *loop, const gd_rpc_opts_t *opts, const gd_method_t *
         grpc_completion_queue_destroy(rpc->cq);
         grpc_shutdown();
         pthread_mutex_destroy(&rpc->lock);
+        free(rpc->calls_by);
         free(rpc);
         return -1;
     }
@@ -432,6 +442,7 @@ static void on_async_closed(uv_handle_t *h)
 {
     gd_rpc_t *rpc = h->data;
     pthread_mutex_destroy(&rpc->lock);
+    free(rpc->calls_by);
     free(rpc);
 }
 
@@ -459,4 +470,17 @@ uint64_t gd_rpc_calls_failed(const gd_rpc_t *rpc)
 uint64_t gd_rpc_inflight(const gd_rpc_t *rpc)
 {
     return atomic_load(&rpc->inflight);
+}
+
+uint64_t gd_rpc_calls_by(const gd_rpc_t *rpc, size_t method, int code)
+{
+    if (method > rpc->nmethods || code < 0 || code >= GD_RPC_CODES)
+        return 0;
+    return atomic_load(&rpc->calls_by[method][code]);
+}
+
+size_t gd_rpc_methods(const gd_rpc_t *rpc, const gd_method_t **methods)
+{
+    *methods = rpc->methods;
+    return rpc->nmethods;
 }

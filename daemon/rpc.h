@@ -70,6 +70,11 @@ void gd_rpc_destroy(gd_rpc_t *rpc);
 uint64_t gd_rpc_calls_total(const gd_rpc_t *rpc);
 uint64_t gd_rpc_calls_failed(const gd_rpc_t *rpc);
 uint64_t gd_rpc_inflight(const gd_rpc_t *rpc);
+/* Calls finished with status code (0..GD_RPC_CODES-1) by method (an index into the table that
+ * gd_rpc_methods returns; the index equal to its count: methods graphd does not have). */
+#define GD_RPC_CODES 17
+uint64_t gd_rpc_calls_by(const gd_rpc_t *rpc, size_t method, int code);
+size_t gd_rpc_methods(const gd_rpc_t *rpc, const gd_method_t **methods);
 
 /* Finishes a call with a reply message (packed here; the caller keeps ownership of reply). */
 void gd_call_reply(gd_call_t *call, const ProtobufCMessage *reply);

@@ -26,6 +26,23 @@ uint64_t gd_hist_count(const gd_hist_t *h)
     return atomic_load_explicit(&h->count, memory_order_relaxed);
 }
 
+uint64_t gd_hist_sum(const gd_hist_t *h)
+{
+    return atomic_load_explicit(&h->sum, memory_order_relaxed);
+}
+
+uint64_t gd_hist_below_pow2(const gd_hist_t *h, unsigned k)
+{
+    /* 2^k is where bucket (k-1)*4 starts (gx_hist_bucket); below it lie the buckets before. */
+    unsigned end = k < 2 ? 0 : (k - 1) * 4;
+    if (end > GD_HIST_BUCKETS)
+        end = GD_HIST_BUCKETS;
+    uint64_t n = 0;
+    for (unsigned b = 0; b < end; b++)
+        n += atomic_load_explicit(&h->bucket[b], memory_order_relaxed);
+    return n;
+}
+
 uint64_t gd_hist_quantile(const gd_hist_t *h, double q)
 {
     uint64_t counts[GD_HIST_BUCKETS], total = 0;

@@ -1,6 +1,5 @@
 /* The Status reply, one function per section. */
-#include "graphs.h"
-#include "graphd.pb-c.h"
+#include "status.h"
 #include "log.h"
 
 #include <errno.h>
@@ -96,7 +95,9 @@ static uint64_t session_direct(const gd_daemon_t *d, uint64_t session)
     return n;
 }
 
-void gd_graphs_status(gd_daemon_t *d, const gd_session_t *viewer, Graphd__V1__StatusReply *rep)
+/* gd_graphs_status; pool_hists (optional, rep->n_pools entries) gets each pool's latencies. */
+static void graphs_status(gd_daemon_t *d, const gd_session_t *viewer, Graphd__V1__StatusReply *rep,
+                          gd_hist_t *pool_hists)
 {
     size_t ng = 0;
     for (gd_graph_t *g = d->graphs; g; g = g->next) {
@@ -154,6 +155,8 @@ void gd_graphs_status(gd_daemon_t *d, const gd_session_t *viewer, Graphd__V1__St
         pool_fill(d, gp, pool, &h);
         fill_latency(l, &h); /* all zero for a pool with no graph state */
         pool->latency = l;
+        if (pool_hists)
+            memcpy(&pool_hists[p], &h, sizeof h);
     }
     for (size_t k = 0; k < rep->n_sessions; k++) {
         gd_session_t *s = gd_session_find(d, rep->sessions[k]->id);
@@ -164,6 +167,11 @@ void gd_graphs_status(gd_daemon_t *d, const gd_session_t *viewer, Graphd__V1__St
         }
     }
     rep->daemon->modules_loaded = distinct_modules(d);
+}
+
+void gd_graphs_status(gd_daemon_t *d, const gd_session_t *viewer, Graphd__V1__StatusReply *rep)
+{
+    graphs_status(d, viewer, rep, NULL);
 }
 
 void gd_graphs_status_free(Graphd__V1__StatusReply *rep)
@@ -308,12 +316,13 @@ void gd_status_pools_free(Graphd__V1__Pool **list, size_t n)
 /* ---- the Status RPC ---------------------------------------------------- */
 
 /* The daemon section: identity, counters and the live settings (values formatted into cfg). */
-typedef struct {
+struct gd_status_daemon {
     Graphd__V1__DaemonStatus ds;
     Graphd__V1__ConfigEntry entries[64];
     Graphd__V1__ConfigEntry *list[64];
     char values[64][256];
-} daemon_section_t;
+};
+typedef gd_status_daemon_t daemon_section_t;
 
 static void status_daemon(gd_daemon_t *d, daemon_section_t *sec)
 {
@@ -421,6 +430,47 @@ static void status_executors(gd_daemon_t *d, const gd_session_t *viewer,
     rep->n_executors = k;
 }
 
+static const gd_session_t viewer_all = {.attached = true, .uid = 0};
+const gd_session_t *const gd_viewer_all = &viewer_all;
+
+int gd_status_build(gd_daemon_t *d, const gd_session_t *viewer, gd_status_t *st)
+{
+    memset(st, 0, sizeof *st);
+    graphd__v1__status_reply__init(&st->rep);
+    graphd__v1__hidden_status__init(&st->others);
+    Graphd__V1__StatusReply *rep = &st->rep;
+    rep->others = &st->others;
+    st->daemon = calloc(1, sizeof *st->daemon);
+    if (st->daemon == NULL)
+        return -1;
+    status_daemon(d, st->daemon);
+    rep->daemon = &st->daemon->ds;
+    rep->devices = gd_status_devices(d, st->devices);
+    rep->n_devices = rep->devices ? d->ndevices : 0;
+    rep->pools = gd_status_pools(d, viewer, &rep->n_pools, &st->others.pools);
+    st->pool_latency = calloc(rep->n_pools + 1, sizeof *st->pool_latency);
+    status_sessions(d, viewer, rep, &st->sessions);
+    graphs_status(d, viewer, rep, st->pool_latency);
+    status_executors(d, viewer, rep, &st->exec_infos, &st->exec_storage);
+    return st->pool_latency ? 0 : -1;
+}
+
+void gd_status_release(gd_status_t *st)
+{
+    Graphd__V1__StatusReply *rep = &st->rep;
+    free(rep->executors);
+    free(st->exec_storage);
+    free(st->exec_infos);
+    gd_graphs_status_free(rep);
+    free(rep->sessions);
+    free(st->sessions);
+    gd_status_pools_free(rep->pools, rep->n_pools);
+    free(rep->devices);
+    free(st->pool_latency);
+    free(st->daemon);
+    memset(st, 0, sizeof *st);
+}
+
 void gd_rpc_status(void *ctx, gd_call_t *call, const ProtobufCMessage *msg)
 {
     gd_daemon_t *d = ctx;
@@ -428,34 +478,12 @@ void gd_rpc_status(void *ctx, gd_call_t *call, const ProtobufCMessage *msg)
     gd_session_t *viewer;
     if (!gd_viewer_of(d, call, req->session, &viewer))
         return;
-    Graphd__V1__StatusReply rep = GRAPHD__V1__STATUS_REPLY__INIT;
-    Graphd__V1__HiddenStatus others = GRAPHD__V1__HIDDEN_STATUS__INIT;
-    rep.others = &others;
-    daemon_section_t *daemon = calloc(1, sizeof *daemon);
-    Graphd__V1__Device dev_storage[GD_MAX_DEVICES];
-    Graphd__V1__SessionStatus *sessions = NULL;
-    if (daemon == NULL) {
+    gd_status_t *st = calloc(1, sizeof *st);
+    if (st == NULL || gd_status_build(d, viewer, st) != 0)
         gd_call_fail(call, GD_INTERNAL, "out of memory");
-        return;
-    }
-    status_daemon(d, daemon);
-    rep.daemon = &daemon->ds;
-    rep.devices = gd_status_devices(d, dev_storage);
-    rep.n_devices = rep.devices ? d->ndevices : 0;
-    rep.pools = gd_status_pools(d, viewer, &rep.n_pools, &others.pools);
-    status_sessions(d, viewer, &rep, &sessions);
-    gd_graphs_status(d, viewer, &rep);
-    gd_exec_info_t *exec_infos = NULL;
-    Graphd__V1__ExecutorStatus *exec_storage = NULL;
-    status_executors(d, viewer, &rep, &exec_infos, &exec_storage);
-    gd_call_reply(call, &rep.base);
-    free(rep.executors);
-    free(exec_storage);
-    free(exec_infos);
-    gd_graphs_status_free(&rep);
-    free(rep.sessions);
-    free(sessions);
-    gd_status_pools_free(rep.pools, rep.n_pools);
-    free(rep.devices);
-    free(daemon);
+    else
+        gd_call_reply(call, &st->rep.base);
+    if (st)
+        gd_status_release(st);
+    free(st);
 }

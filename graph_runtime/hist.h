@@ -15,6 +15,7 @@
 typedef struct gx_hist {
     _Atomic uint64_t count;
     _Atomic uint64_t bucket[GX_HIST_BUCKETS];
+    _Atomic uint64_t sum; /* of the samples, in ns (a Prometheus histogram's _sum) */
 } gx_hist_t;
 
 /* Bucket 4k+s covers [2^k * (4+s)/4, 2^k * (5+s)/4) for k >= 2; values below 4 share bucket 0. */
@@ -31,6 +32,7 @@ static inline unsigned gx_hist_bucket(uint64_t v)
 static inline void gx_hist_add(gx_hist_t *h, uint64_t ns)
 {
     atomic_fetch_add_explicit(&h->bucket[gx_hist_bucket(ns)], 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&h->sum, ns, memory_order_relaxed);
     atomic_fetch_add_explicit(&h->count, 1, memory_order_relaxed);
 }
 
@@ -42,6 +44,8 @@ static inline void gx_hist_merge(gx_hist_t *dst, const gx_hist_t *src)
         if (n)
             atomic_fetch_add_explicit(&dst->bucket[b], n, memory_order_relaxed);
     }
+    atomic_fetch_add_explicit(&dst->sum, atomic_load_explicit(&src->sum, memory_order_relaxed),
+                              memory_order_relaxed);
     atomic_fetch_add_explicit(&dst->count, atomic_load_explicit(&src->count, memory_order_relaxed),
                               memory_order_relaxed);
 }

@@ -57,6 +57,29 @@ static void a_single_value(void **state)
     assert_true(q >= 16384 && q <= 24576); /* the bucket holding 20000 */
 }
 
+/* The figures of a Prometheus histogram: _sum, and the counts below each power of two. */
+static void sum_and_power_of_two_bounds(void **state)
+{
+    (void)state;
+    static gd_hist_t h, m;
+    memset(&h, 0, sizeof h);
+    memset(&m, 0, sizeof m);
+    gd_hist_add(&h, 1023); /* below 2^10 */
+    gd_hist_add(&h, 1024); /* 2^10 itself: not below it, below 2^11 */
+    gd_hist_add(&h, 2047);
+    gd_hist_add(&h, 3000000); /* below 2^22 = 4194304, not below 2^21 */
+    assert_int_equal(gd_hist_sum(&h), 1023 + 1024 + 2047 + 3000000);
+    assert_int_equal(gd_hist_below_pow2(&h, 10), 1);
+    assert_int_equal(gd_hist_below_pow2(&h, 11), 3);
+    assert_int_equal(gd_hist_below_pow2(&h, 21), 3);
+    assert_int_equal(gd_hist_below_pow2(&h, 22), 4);
+    assert_int_equal(gd_hist_below_pow2(&h, 40), 4);
+    gd_hist_merge(&m, &h);
+    gd_hist_merge(&m, &h);
+    assert_int_equal(gd_hist_sum(&m), 2 * gd_hist_sum(&h));
+    assert_int_equal(gd_hist_below_pow2(&m, 11), 6);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -64,6 +87,7 @@ int main(void)
         cmocka_unit_test(within_a_bucket_of_the_truth),
         cmocka_unit_test(extremes),
         cmocka_unit_test(a_single_value),
+        cmocka_unit_test(sum_and_power_of_two_bounds),
     };
     return cmocka_run_group_tests_name("stats", tests, NULL, NULL);
 }
