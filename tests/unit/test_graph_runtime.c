@@ -1837,6 +1837,63 @@ static void test_cuda_eval_buffer_writes(void **state)
     eval_buffer_writes_on("cuda:0", CUDA_REL_TOL);
 }
 
+/* ---- XPU (host-staged only); skipped where the XPU family is not built (every build so far) -- */
+
+static int xpu_built(void)
+{
+    gr_pool_t *pool = NULL;
+    if (gr_pool_create("xpu:0", &pool) != GR_OK)
+        return 0;
+    assert_int_equal(gr_pool_destroy(pool), GR_OK);
+    return 1;
+}
+
+static void test_xpu_batchnorm_buffer_tensors(void **state)
+{
+    (void)state;
+    if (!xpu_built())
+        skip();
+    bn_buffer_tensors_on("xpu:0", CUDA_REL_TOL);
+}
+
+static void test_xpu_expanded_params(void **state)
+{
+    (void)state;
+    if (!xpu_built())
+        skip();
+    expanded_params_on("xpu:0", CUDA_REL_TOL);
+}
+
+static void test_xpu_eval_buffer_writes(void **state)
+{
+    (void)state;
+    if (!xpu_built())
+        skip();
+    eval_buffer_writes_on("xpu:0", CUDA_REL_TOL);
+}
+
+/* torch 2.11 cannot share XPU memory across processes: device-resident XPU captures are refused
+ * with the reason, not attempted. */
+static void test_xpu_resident_refused(void **state)
+{
+    (void)state;
+    if (!xpu_built())
+        skip();
+    gr_module_t *m = load_model("mlp.pt");
+    const int64_t xs[2] = {16, 16};
+    gr_arg_spec_t arg = f32_arg(2, xs, 0);
+    gr_callable_spec_t spec = {m, NULL, 1, &arg};
+    gr_capture_opts_t opts;
+    gr_capture_opts_init(&opts);
+    opts.resident = 1;
+    gr_capture_t *c = NULL;
+    assert_error(gr_capture_prepare("xpu:0", 1, &spec, &opts, &c), GR_EUNSUPPORTED, "torch 2.11");
+    void *ptr = NULL;
+    uint8_t handle[GR_IPC_HANDLE_SIZE];
+    assert_error(gr_device_alloc("xpu:0", 4096, &ptr, handle), GR_EUNSUPPORTED, "xpu has no");
+    assert_int_equal(gr_module_release(m), GR_OK);
+}
+
 /* ---- random ops: the RNG_STATE tensor --------------------------------------------------- */
 
 #define RNG_BYTES 5056 /* torch.get_rng_state().numel() in torch 1.13 */
@@ -2231,6 +2288,10 @@ int main(void)
         cmocka_unit_test(test_cuda_batchnorm_buffer_tensors),
         cmocka_unit_test(test_cuda_eval_buffer_writes),
         cmocka_unit_test(test_cuda_expanded_params),
+        cmocka_unit_test(test_xpu_batchnorm_buffer_tensors),
+        cmocka_unit_test(test_xpu_expanded_params),
+        cmocka_unit_test(test_xpu_eval_buffer_writes),
+        cmocka_unit_test(test_xpu_resident_refused),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
