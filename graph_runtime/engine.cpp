@@ -800,6 +800,8 @@ extern "C" int gr_pool_memory(const gr_pool_t *p, uint64_t *reserved, uint64_t *
     try {
         if (p == nullptr || reserved == nullptr || in_use == nullptr)
             return gr__set_error(GR_EINVAL, "gr_pool_memory: NULL argument");
+        *reserved = 0;
+        *in_use = 0;
         p->pool->family->pool_memory(p->pool->state.get(), reserved, in_use);
         return GR_OK;
     } catch (const std::exception &e) {
