@@ -49,6 +49,15 @@ CUDA_INC     := $(firstword $(dir $(wildcard /usr/local/cuda/include/cuda_runtim
 TORCH_CFLAGS += -DGR_HAVE_CUDA $(if $(CUDA_INC),-isystem $(CUDA_INC))
 TORCH_LIBS   += -ltorch_cuda -lc10_cuda -L$(CUDA_PY_DIR)/lib -Wl,-rpath,$(CUDA_PY_DIR)/lib -l:libcudart.so.13
 endif
+# XPU family (graph_runtime/family_xpu.cpp): when that torch has XPU (torch.version.xpu), its
+# ATen/xpu headers, libtorch_xpu, and the SYCL headers its XPU headers include (beside torch's, or
+# SYCL_INC). Never compiled yet: no XPU libtorch has been reachable (docs/XPU.md).
+SYCL_INC     ?= $(patsubst %/sycl/,%,$(firstword $(dir $(wildcard $(TORCH_DIR)/include/sycl/sycl.hpp /opt/intel/oneapi/compiler/latest/include/sycl/sycl.hpp))))
+TORCH_XPU    := $(if $(SYCL_INC),$(shell $(PYTHON) -c 'import os,torch;d=os.path.dirname(torch.__file__);print("yes" if getattr(torch.version,"xpu",None) and os.path.isdir(d+"/include/ATen/xpu") and os.path.exists(d+"/lib/libtorch_xpu.so") else "")' 2>/dev/null))
+ifneq ($(TORCH_XPU),)
+TORCH_CFLAGS += -DGR_HAVE_XPU -isystem $(SYCL_INC)
+TORCH_LIBS   += -ltorch_xpu -lc10_xpu
+endif
 else
 TORCH_CFLAGS := -isystem /usr/include/torch/csrc/api/include
 TORCH_LIBS   := -ltorch -ltorch_cpu -lc10
@@ -77,6 +86,9 @@ GR_CSRC    := $(filter-out graph_runtime/executor.c,$(wildcard graph_runtime/*.c
 GR_CXXSRC  := $(wildcard graph_runtime/*.cpp)
 ifeq ($(TORCH_CUDA),)
 GR_CXXSRC  := $(filter-out graph_runtime/family_cuda.cpp,$(GR_CXXSRC))
+endif
+ifeq ($(TORCH_XPU),)
+GR_CXXSRC  := $(filter-out graph_runtime/family_xpu.cpp,$(GR_CXXSRC))
 endif
 GD_SRC     := $(filter-out daemon/main.c,$(wildcard daemon/*.c))
 CLI_SRC    := $(filter-out client/c/graphctl.c,$(wildcard client/c/*.c))

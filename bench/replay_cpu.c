@@ -363,7 +363,7 @@ int main(int argc, char **argv)
      * machine is shared by all three rather than landing on one. */
     for (size_t i = 0; i < warmup; i++) {
         uint64_t ns;
-        if (gr_graph_replay(ip.g, GR_PHASE_FORWARD, NULL) != GR_OK ||
+        if (gr_graph_replay(ip.g, GR_PHASE_FORWARD, NULL, NULL) != GR_OK ||
             graphd_replay(g, GRAPHD_PHASE_FORWARD, &ns) != GRAPHD_OK ||
             graphd_replay_rpc(g, GRAPHD_PHASE_FORWARD, &ns) != GRAPHD_OK)
             die("warm-up replay failed: %s %s", gr_last_error(), graphd_last_error(c));
@@ -373,7 +373,7 @@ int main(int argc, char **argv)
             for (size_t i = 0; i < BLOCK; i++) {
                 uint64_t dev = 0, t0 = now_ns();
                 if (p == INPROC)
-                    rc = gr_graph_replay(ip.g, GR_PHASE_FORWARD, NULL);
+                    rc = gr_graph_replay(ip.g, GR_PHASE_FORWARD, NULL, NULL);
                 else if (p == FAST)
                     rc = graphd_replay(g, GRAPHD_PHASE_FORWARD, &dev);
                 else

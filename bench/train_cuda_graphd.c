@@ -149,7 +149,7 @@ int main(int argc, char **argv)
         double s0 = now_ms();
         memcpy(block + in->offset, x, n_in * sizeof *x);
         uint64_t ns_f = 0, ns_b = 0;
-        if ((rc = gr_graph_replay(g, GR_PHASE_FORWARD, &ns_f)) != GR_OK)
+        if ((rc = gr_graph_replay(g, GR_PHASE_FORWARD, NULL, &ns_f)) != GR_OK)
             return die("forward", rc);
         const float *o = f32_at(block, out->offset);
         float *go = f32_at(block, gout->offset);
@@ -160,7 +160,7 @@ int main(int argc, char **argv)
             go[i] = 2.0f / (float)n_out * d;
         }
         loss = acc / (double)n_out;
-        if ((rc = gr_graph_replay(g, GR_PHASE_BACKWARD, &ns_b)) != GR_OK)
+        if ((rc = gr_graph_replay(g, GR_PHASE_BACKWARD, NULL, &ns_b)) != GR_OK)
             return die("backward", rc);
         for (size_t k = 0; k < count; k++) {
             if (l[k].role != GR_ROLE_PARAM_GRAD)

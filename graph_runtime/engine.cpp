@@ -67,19 +67,24 @@ namespace gr
 namespace
 {
 
-const char *const UPSTREAM_BUFFER_MSG =
-    "In any :class:`~torch.nn.Module` passed to :func:`~make_graphed_callables`, only parameters "
-    "may be trainable. All buffers must have ``requires_grad=False``.";
-
-const int64_t MAX_BYTES = int64_t(1) << 48; /* bound on one static tensor */
-
-struct DeviceRef {
-    const Family *family;
-    int index;
-    std::string name; /* canonical: "cpu:0" */
+/* The device families graphd knows, one row each: the kind a device name starts with, the
+ * family when this build has it (GR_FAMILY_<KIND>, nullptr when not), and what a device of a
+ * kind that is not built answers. Adding a family: a family_<kind>.cpp and one row here
+ * (docs/ARCHITECTURE.md, "Adding a device family"). */
+struct FamilyRow {
+    const char *kind;
+    const Family &(*family)();
+    const char *missing;
 };
 
-/* "cpu", "cpu:0", "cuda:1" => family and index. */
+const FamilyRow FAMILY_TABLE[] = {
+    {"cpu", &family_cpu, nullptr},
+    {"cuda", GR_FAMILY_CUDA, "this graphd was built without a CUDA libtorch"},
+    {"xpu", GR_FAMILY_XPU, "this graphd was built without an XPU libtorch"},
+};
+
+} // namespace
+
 DeviceRef parse_device(const char *device)
 {
     std::string s(device);
@@ -93,22 +98,110 @@ DeviceRef parse_device(const char *device)
             throw Error(GR_EINVAL, "malformed device '" + s + "' (expected kind[:index])");
         index = std::stoi(num);
     }
-    /* The families built in; family_cuda.cpp / family_xpu.cpp add theirs here. */
-    const Family *family = nullptr;
-    if (kind == "cpu")
-        family = &family_cpu();
-#ifdef GR_HAVE_CUDA
-    else if (kind == "cuda")
-        family = &family_cuda();
-#endif
-    else if (kind == "cuda" || kind == "xpu")
-        throw Error(GR_EUNSUPPORTED, "device family '" + kind + "' is not built into this graphd");
-    else
-        throw Error(GR_EINVAL, "unknown device kind '" + kind + "' in '" + s + "'");
+    const FamilyRow *row = nullptr;
+    for (const FamilyRow &r : FAMILY_TABLE)
+        if (kind == r.kind)
+            row = &r;
+    if (row == nullptr) {
+        std::string known;
+        for (const FamilyRow &r : FAMILY_TABLE)
+            known += std::string(known.empty() ? "" : ", ") + r.kind;
+        throw Error(GR_EINVAL,
+                    "unknown device kind '" + kind + "' in '" + s + "' (known: " + known + ")");
+    }
+    if (row->family == nullptr)
+        throw Error(GR_EUNSUPPORTED, "device '" + s + "': " + row->missing);
+    const Family *family = &row->family();
     if (index >= family->device_count())
         throw Error(GR_ENOTFOUND, "no device " + s);
     return {family, index, kind + ":" + std::to_string(index)};
 }
+
+/* ---- Family defaults: a family without device memory of its own ------------------------- */
+
+std::vector<gr_device_info_t> Family::devices() const
+{
+    return {};
+}
+
+void Family::pool_memory(const PoolState * /*state*/, uint64_t *reserved, uint64_t *in_use) const
+{
+    *reserved = 0;
+    *in_use = 0;
+}
+
+void Family::check_sharing(const std::string &device) const
+{
+    throw Error(GR_EINVAL, "device-resident static tensors need a device with memory of its own, "
+                           "not " +
+                               device + " (" + kind() + " has no device memory of its own)");
+}
+
+int Family::alloc(int /*index*/, const char *device, uint64_t /*bytes*/, void ** /*ptr*/,
+                  uint8_t * /*handle*/) const
+{
+    return gr__set_errorf(GR_EUNSUPPORTED,
+                          "gr_device_alloc on %s: %s has no device memory of its own", device,
+                          kind());
+}
+
+int Family::free(int /*index*/, const char *device, void * /*ptr*/) const
+{
+    return gr__set_errorf(GR_EUNSUPPORTED,
+                          "gr_device_free on %s: %s has no device memory of its own", device,
+                          kind());
+}
+
+int Family::event_create(int /*index*/, const char *device, gr_event_t ** /*out*/,
+                         uint8_t * /*handle*/) const
+{
+    return gr__set_errorf(GR_EUNSUPPORTED, "gr_event_create on %s: %s has no interprocess events",
+                          device, kind());
+}
+
+int Family::event_open(int /*index*/, const char *device, const uint8_t * /*handle*/,
+                       gr_event_t ** /*out*/) const
+{
+    return gr__set_errorf(GR_EUNSUPPORTED, "gr_event_open on %s: %s has no interprocess events",
+                          device, kind());
+}
+
+void Family::event_destroy(gr_event_t *e) const
+{
+    delete e; /* not reached: no event of this family exists */
+}
+
+int Family::seq_create(int /*index*/, const char *device, gr_seq_t ** /*out*/,
+                       uint8_t * /*handle*/) const
+{
+    return gr__set_errorf(GR_EUNSUPPORTED,
+                          "gr_seq_create on %s: %s has no sequence counters in device memory",
+                          device, kind());
+}
+
+int Family::seq_skip(gr_seq_t * /*s*/, uint64_t /*n*/) const
+{
+    return gr__set_errorf(GR_EUNSUPPORTED, "gr_seq_skip: %s has no sequence counters", kind());
+}
+
+int Family::seq_release(gr_seq_t * /*s*/) const
+{
+    return gr__set_errorf(GR_EUNSUPPORTED, "gr_seq_release: %s has no sequence counters", kind());
+}
+
+void Family::seq_destroy(gr_seq_t *s) const
+{
+    delete s; /* not reached: no counters of this family exist */
+}
+
+namespace
+{
+
+const char *const UPSTREAM_BUFFER_MSG =
+    "In any :class:`~torch.nn.Module` passed to :func:`~make_graphed_callables`, only parameters "
+    "may be trainable. All buffers must have ``requires_grad=False``.";
+
+const int64_t MAX_BYTES = int64_t(1) << 48; /* bound on one static tensor */
 
 std::shared_ptr<Pool> make_pool(const DeviceRef &d)
 {
@@ -709,11 +802,8 @@ extern "C" int gr_pool_memory(const gr_pool_t *p, uint64_t *reserved, uint64_t *
             return gr__set_error(GR_EINVAL, "gr_pool_memory: NULL argument");
         *reserved = 0;
         *in_use = 0;
-#ifdef GR_HAVE_CUDA
-        if (p->pool->family == &gr::family_cuda())
-            gr::cuda_pool_memory(*p->pool->state, reserved, in_use);
-#endif
-        return GR_OK; /* a CPU pool holds no memory of its own */
+        p->pool->family->pool_memory(p->pool->state.get(), reserved, in_use);
+        return GR_OK;
     } catch (const std::exception &e) {
         return gr::fail_with(e, GR_EINTERNAL);
     } catch (...) {
@@ -749,10 +839,8 @@ extern "C" int gr_capture_prepare(const char *device, size_t n, const gr_callabl
             cap->pool = gr::make_pool(dev);
         }
         const gr::Pool &pool = *cap->pool;
-        if (o.resident && !pool.family->staged())
-            throw Error(GR_EINVAL, "device-resident static tensors need a device with memory of "
-                                   "its own (cuda), not " +
-                                       pool.device_name);
+        if (o.resident)
+            pool.family->check_sharing(pool.device_name);
 
         c10::AutoGradMode grad_mode(true);
         for (size_t i = 0; i < n; i++) {
@@ -896,7 +984,7 @@ extern "C" int gr_capture_abort(gr_capture_t *c)
 namespace
 {
 
-/* gr_graph_replay and gr_graph_replay_ordered: the phase protocol around the family's replay. */
+/* gr_graph_replay in every mode: the phase protocol around the family's replay. */
 int replay(gr_graph_t *g, int phase, const gr::Order *order, uint64_t *elapsed_ns)
 {
     gr::Callable &c = *g->callable;
@@ -928,21 +1016,35 @@ int replay(gr_graph_t *g, int phase, const gr::Order *order, uint64_t *elapsed_n
     return GR_OK;
 }
 
+/* GR_OK for a device-resident graph, else GR_EINVAL (set): what ("an ordered replay") needs one. */
+int check_resident(const gr_graph_t *g, const char *what)
+{
+    if (g->callable->resident)
+        return GR_OK;
+    return gr__set_errorf(GR_EINVAL,
+                          "%s needs a device-resident graph (this one is %s: its replays are "
+                          "synchronous)",
+                          what, g->pool->family->staged() ? "host-staged" : "on the host");
+}
+
 /* For a replay ordered on another process's stream (what: "an ordered replay"), whose ordering
- * objects (objects: "events are") are on devices a and b: GR_OK, or GR_EINVAL (set) for a graph
- * that is not device-resident or objects on another device than the graph's. */
-int check_stream_ordered(const gr_graph_t *g, const char *what, const char *objects, int a, int b)
+ * objects (objects: "events are") are on devices a and b (family and index): GR_OK, or GR_EINVAL
+ * (set) for a graph that is not device-resident or objects on another device than the graph's. */
+int check_stream_ordered(const gr_graph_t *g, const char *what, const char *objects,
+                         const gr::Family *fa, int a, const gr::Family *fb, int b)
 {
     const gr::Callable &c = *g->callable;
-    if (!c.resident)
-        return gr__set_errorf(GR_EINVAL,
-                              "%s needs a device-resident graph (this one is host-staged: its "
-                              "replays are synchronous)",
-                              what);
+    int rc = check_resident(g, what);
+    if (rc != GR_OK)
+        return rc;
+    const gr::Family *family = g->pool->family;
     const int index = static_cast<int>(c.device.index());
-    if (a != index || b != index)
-        return gr__set_errorf(GR_EINVAL, "the graph is on cuda:%d but its %s on cuda:%d", index,
-                              objects, a != index ? a : b);
+    if (fa != family || a != index || fb != family || b != index) {
+        const bool first = fa != family || a != index;
+        return gr__set_errorf(GR_EINVAL, "the graph is on %s:%d but its %s on %s:%d",
+                              family->kind(), index, objects, (first ? fa : fb)->kind(),
+                              first ? a : b);
+    }
     return GR_OK;
 }
 
@@ -961,58 +1063,70 @@ template <typename F> int guarded_replay(gr_graph_t *g, const char *fn, F &&body
     }
 }
 
-} // namespace
-
-extern "C" int gr_graph_replay(gr_graph_t *g, int phase, uint64_t *elapsed_ns)
+/* A posted replay (order by counters): whatever fails, done = n is written (gr_seq_skip) so that
+ * the client's stream goes on, and the replay's error (not the skip's) is kept. */
+int replay_posted(gr_graph_t *g, int phase, gr_seq_t *s, uint64_t n, uint64_t *elapsed_ns,
+                  bool also_events)
 {
-    if (g == nullptr)
-        return gr__set_error(GR_EINVAL, "gr_graph_replay: NULL graph");
-    return guarded_replay(g, "gr_graph_replay",
-                          [&] { return replay(g, phase, nullptr, elapsed_ns); });
-}
-
-extern "C" int gr_graph_replay_ordered(gr_graph_t *g, int phase, gr_event_t *wait, gr_event_t *done,
-                                       uint64_t *elapsed_ns)
-{
-    if (g == nullptr || wait == nullptr || done == nullptr)
-        return gr__set_error(GR_EINVAL, "gr_graph_replay_ordered: NULL argument");
-    int rc = check_stream_ordered(g, "an ordered replay", "events are", wait->device, done->device);
-    if (rc != GR_OK)
-        return rc;
-    gr::Order order;
-    order.wait = wait->event;
-    order.done = done->event;
-    return guarded_replay(g, "gr_graph_replay_ordered",
-                          [&] { return replay(g, phase, &order, elapsed_ns); });
-}
-
-extern "C" int gr_graph_replay_posted(gr_graph_t *g, int phase, gr_seq_t *s, uint64_t n,
-                                      uint64_t *elapsed_ns)
-{
-    if (s == nullptr || n == 0)
-        return gr__set_error(GR_EINVAL, "gr_graph_replay_posted: NULL counters or sequence 0");
+    if (n == 0)
+        return gr__set_error(GR_EINVAL, "gr_graph_replay: NULL counters or sequence 0");
     int rc = GR_EINVAL;
     if (g == nullptr) {
-        gr__set_error(rc, "gr_graph_replay_posted: NULL graph");
+        gr__set_error(rc, "gr_graph_replay: NULL graph");
+    } else if (also_events) {
+        gr__set_error(rc, "gr_graph_replay: an order names events (wait, done) or sequence "
+                          "counters (seq, n), not both");
     } else {
-        rc = check_stream_ordered(g, "a posted replay", "sequence counters are", s->device,
-                                  s->device);
+        rc = check_stream_ordered(g, "a posted replay", "sequence counters are", s->family,
+                                  s->device, s->family, s->device);
         if (rc == GR_OK) {
             gr::Order order;
             order.seq = s;
             order.n = n;
-            rc = guarded_replay(g, "gr_graph_replay_posted",
+            rc = guarded_replay(g, "gr_graph_replay",
                                 [&] { return replay(g, phase, &order, elapsed_ns); });
         }
     }
     if (rc != GR_OK) {
-        /* The client's stream waits for done >= n whatever happened: write it, keeping the
-         * error of the replay (not the skip's) for the caller. */
         std::string msg = gr_last_error();
         (void)gr_seq_skip(s, n);
         gr__set_error(rc, msg.c_str());
     }
     return rc;
+}
+
+} // namespace
+
+extern "C" int gr_graph_replay(gr_graph_t *g, int phase, const gr_order_t *order,
+                               uint64_t *elapsed_ns)
+{
+    if (order != nullptr && order->seq != nullptr)
+        return replay_posted(g, phase, order->seq, order->n, elapsed_ns,
+                             order->wait != nullptr || order->done != nullptr);
+    if (g == nullptr)
+        return gr__set_error(GR_EINVAL, "gr_graph_replay: NULL graph");
+    if (order == nullptr)
+        return guarded_replay(g, "gr_graph_replay",
+                              [&] { return replay(g, phase, nullptr, elapsed_ns); });
+    int rc = check_resident(g, "an ordered replay");
+    if (rc != GR_OK)
+        return rc;
+    if (order->wait == nullptr && order->done == nullptr)
+        return gr__set_error(GR_EINVAL, "gr_graph_replay: an order names events (wait and done) "
+                                        "or sequence counters (seq and n); this one names neither "
+                                        "(pass NULL for a synchronous replay)");
+    if (order->wait == nullptr || order->done == nullptr)
+        return gr__set_error(
+            GR_EINVAL, "gr_graph_replay: an ordered replay needs both events (wait and done)");
+    const gr_event_t *wait = order->wait, *done = order->done;
+    rc = check_stream_ordered(g, "an ordered replay", "events are", wait->family, wait->device,
+                              done->family, done->device);
+    if (rc != GR_OK)
+        return rc;
+    gr::Order o;
+    o.wait = wait->event;
+    o.done = done->event;
+    return guarded_replay(g, "gr_graph_replay", [&] { return replay(g, phase, &o, elapsed_ns); });
 }
 
 extern "C" int gr_graph_destroy(gr_graph_t *g)
@@ -1082,9 +1196,11 @@ extern "C" int gr_devices(size_t *count, gr_device_info_t *items)
         if (count == nullptr)
             return gr__set_error(GR_EINVAL, "gr_devices: NULL count");
         std::vector<gr_device_info_t> all;
-#ifdef GR_HAVE_CUDA
-        all = gr::cuda_devices();
-#endif
+        for (const gr::FamilyRow &row : gr::FAMILY_TABLE)
+            if (row.family != nullptr) {
+                std::vector<gr_device_info_t> some = row.family().devices();
+                all.insert(all.end(), some.begin(), some.end());
+            }
         gr::copy_out(all, count, items);
         return GR_OK;
     } catch (const std::exception &e) {

@@ -197,10 +197,10 @@ void run_forward(Callable &c);
 void run_backward(Callable &c);
 
 /* How a replay is ordered against another process's stream, returning without waiting for the
- * device. By events (gr_graph_replay_ordered): the family's stream waits for wait before the
- * graph and records done after it (cudaEvent_t of the callable's device). By sequence counters
- * (gr_graph_replay_posted; wait and done NULL): it waits for ready >= n and done >= n - 1 before
- * the graph and writes done = n after it. */
+ * device (gr_order_t, resolved by the engine). By events: the family's stream waits for wait
+ * before the graph and records done after it (the family's own event objects, e.g. a
+ * cudaEvent_t). By sequence counters (wait and done NULL): it waits for ready >= n and
+ * done >= n - 1 before the graph and writes done = n after it. */
 struct Order {
     void *wait = nullptr;
     void *done = nullptr;
@@ -208,10 +208,44 @@ struct Order {
     uint64_t n = 0;
 };
 
-/* A device family. The engine calls capture_forward for every callable in order, then
+class Family;
+
+} // namespace gr
+
+/* An interprocess event (gr_event_create/open): event is the family's object (a CUDA family: the
+ * cudaEvent_t), held as a pointer so that the engine needs no device headers. */
+struct gr_event {
+    const gr::Family *family;
+    int device; /* the index within the family */
+    void *event;
+    int opened; /* opened from another process's handle, not created here */
+};
+
+/* Sequence counters (gr_seq_create): mem is their device memory, stream the family's stream of
+ * their own (a CUDA family: a non-blocking cudaStream_t). */
+struct gr_seq {
+    const gr::Family *family;
+    int device; /* the index within the family */
+    void *mem;
+    void *stream;
+};
+
+namespace gr
+{
+
+/* A device family: one row of the table in engine.cpp (family_table), one file
+ * family_<kind>.cpp. The engine calls capture_forward for every callable in order, then
  * capture_backward in reverse order for those with a backward; afterwards replay_* must compute
  * what run_forward/run_backward would on the static tensors. All calls for one device come from
- * one thread at a time. */
+ * one thread at a time.
+ *
+ * Besides capture and replay, a family owns what is device-specific in the rest of the API:
+ * discovery (devices), pool memory figures (pool_memory), exportable device memory
+ * (alloc/free), the ordering primitives (event_*, seq_*) and the sharing check
+ * (check_sharing). The members that return int answer GR_OK or an error code with the message
+ * set (gr__set_error); the defaults (engine.cpp) are for a family without device memory of its
+ * own and answer GR_EUNSUPPORTED with a message naming the family. index is the device's index
+ * within the family and device its canonical name ("cuda:1"), both checked by the caller. */
 class Family
 {
   public:
@@ -220,10 +254,41 @@ class Family
     virtual int device_count() const = 0;
     virtual c10::Device device(int index) const = 0;
     virtual std::unique_ptr<PoolState> make_pool(int index) const = 0;
+
+    /* gr_devices: the family's devices (none, and no error, without a driver or a device).
+     * Default: none (the CPU devices always exist and are not listed). */
+    virtual std::vector<gr_device_info_t> devices() const;
+    /* gr_pool_memory of one of this family's pools (state: make_pool's, may be nullptr).
+     * Default: 0 and 0, a pool that holds no memory of its own. */
+    virtual void pool_memory(const PoolState *state, uint64_t *reserved, uint64_t *in_use) const;
+    /* The sharing check, before a device-resident capture on device: returns when the family's
+     * device memory and tensors can be shared with another process, else throws gr::Error
+     * saying why (default: GR_EINVAL, the family has no device memory of its own). */
+    virtual void check_sharing(const std::string &device) const;
+
+    /* gr_device_alloc / gr_device_free: bytes (> 0) of device memory that starts its own
+     * allocation, and its IPC handle (GR_IPC_HANDLE_SIZE bytes) for another process. */
+    virtual int alloc(int index, const char *device, uint64_t bytes, void **ptr,
+                      uint8_t *handle) const;
+    virtual int free(int index, const char *device, void *ptr) const;
+    /* gr_event_*: an interprocess event; *out gets a gr_event_t whose family is this one. */
+    virtual int event_create(int index, const char *device, gr_event_t **out,
+                             uint8_t *handle) const;
+    virtual int event_open(int index, const char *device, const uint8_t *handle,
+                           gr_event_t **out) const;
+    /* Frees the family's object and e itself. */
+    virtual void event_destroy(gr_event_t *e) const;
+    /* gr_seq_*: sequence counters; *out gets a gr_seq_t whose family is this one. */
+    virtual int seq_create(int index, const char *device, gr_seq_t **out, uint8_t *handle) const;
+    virtual int seq_skip(gr_seq_t *s, uint64_t n) const;
+    virtual int seq_release(gr_seq_t *s) const;
+    /* Frees the counters and s itself. */
+    virtual void seq_destroy(gr_seq_t *s) const;
+
     /* true: the caller's blocks are host memory and the method runs on device twins of the
      * static tensors (host-staged), unless the capture is resident (the blocks are then device
      * memory and the method runs on views of them); false: the method runs on views of the
-     * blocks, and resident captures are refused. */
+     * blocks, and resident captures are refused (check_sharing). */
     virtual bool staged() const
     {
         return false;
@@ -252,6 +317,9 @@ class Family
     virtual void replay_backward(Callable &c, const Order *order) const = 0;
 };
 
+/* The families: one function per family_<kind>.cpp. A family that is not built has its
+ * GR_FAMILY_<KIND> nullptr instead, so that engine.cpp's table names every family graphd knows
+ * without an #ifdef of its own. */
 const Family &family_cpu();
 /* Held around every draw this process makes from libtorch's default CPU generator (one per
  * process, shared by the CPU devices' worker threads): a CPU replay swaps a client's state into
@@ -259,11 +327,27 @@ const Family &family_cpu();
 std::mutex &cpu_generator_mutex();
 #ifdef GR_HAVE_CUDA
 const Family &family_cuda();
-/* The CUDA devices, for gr_devices(); none (and no error) without a driver or a GPU. */
-std::vector<gr_device_info_t> cuda_devices();
-/* gr_pool_memory of a CUDA pool: the caching allocator's segments owned by its graph mempool. */
-void cuda_pool_memory(const PoolState &pool, uint64_t *reserved, uint64_t *in_use);
+#define GR_FAMILY_CUDA (&gr::family_cuda)
+#else
+#define GR_FAMILY_CUDA nullptr
 #endif
+#ifdef GR_HAVE_XPU
+const Family &family_xpu();
+#define GR_FAMILY_XPU (&gr::family_xpu)
+#else
+#define GR_FAMILY_XPU nullptr
+#endif
+
+/* A device name resolved through the family table (engine.cpp). */
+struct DeviceRef {
+    const Family *family;
+    int index;
+    std::string name; /* canonical: "cpu:0" */
+};
+/* "cpu", "cpu:0", "xpu:1" => family and index. gr::Error GR_EINVAL for a malformed name or an
+ * unknown kind, GR_EUNSUPPORTED for a kind graphd knows but this build lacks ("this graphd was
+ * built without a ... libtorch"), GR_ENOTFOUND for an index past the family's devices. */
+DeviceRef parse_device(const char *device);
 
 } // namespace gr
 

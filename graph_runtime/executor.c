@@ -1159,10 +1159,18 @@ static void slot_count(entry_t *g, int phase, int rc, uint64_t t0)
 
 /* The session's posted replay n: its counters, and n its next number. NULL with the message in
  * X.err when not. */
-static gr_seq_t *posted_counters(conn_t *c, unsigned index, uint64_t n)
+static gr_seq_t *posted_counters(conn_t *c, unsigned code, uint64_t n)
 {
+    /* The frame names the device by GRAPHD_DEVICE_CODE (frame version 2): family and index. */
+    static const char *const kinds[] = {
+        [GRAPHD_DEVICE_CPU] = "cpu", [GRAPHD_DEVICE_CUDA] = "cuda", [GRAPHD_DEVICE_XPU] = "xpu"};
+    const unsigned family = GRAPHD_DEVICE_CODE_FAMILY(code);
     char device[32];
-    snprintf(device, sizeof device, "cuda:%u", index);
+    if (family < sizeof kinds / sizeof kinds[0])
+        snprintf(device, sizeof device, "%s:%u", kinds[family], GRAPHD_DEVICE_CODE_INDEX(code));
+    else
+        snprintf(device, sizeof device, "device family %u, index %u", family,
+                 GRAPHD_DEVICE_CODE_INDEX(code));
     sess_t *s = sess_find(c->session);
     gr_seq_t *seq = NULL;
     if (s && s->seq) {
@@ -1197,9 +1205,9 @@ static bool direct_replay(conn_t *c, const graphd_frame_t *f)
     const uint64_t n = f->arg >> GRAPHD_REPLAY_SEQ_SHIFT;
     gr_seq_t *seq = NULL;
     if (posted) {
-        unsigned index =
+        unsigned code =
             (unsigned)((f->arg >> GRAPHD_REPLAY_DEVICE_SHIFT) & GRAPHD_REPLAY_DEVICE_MASK);
-        seq = posted_counters(c, index, n);
+        seq = posted_counters(c, code, n);
         if (seq == NULL) /* as the daemon: out of step, the session's stream cannot be trusted */
             return conn_refuse(c, f->seq, ST_FAILED_PRECONDITION, X.err);
     }
@@ -1244,13 +1252,15 @@ static bool direct_replay(conn_t *c, const graphd_frame_t *f)
     uint64_t ns = 0;
     atomic_store(&X.state->busy_graph, f->id);
     atomic_store(&X.state->busy_since_ns, t0);
-    int rc;
-    if (seq)
-        rc = gr_graph_replay_posted(g->obj, (int)phase, seq, n, &ns);
-    else if (wait)
-        rc = gr_graph_replay_ordered(g->obj, (int)phase, wait->obj, done->obj, &ns);
-    else
-        rc = gr_graph_replay(g->obj, (int)phase, &ns);
+    gr_order_t order = {0};
+    if (seq) {
+        order.seq = seq;
+        order.n = n;
+    } else if (wait) {
+        order.wait = wait->obj;
+        order.done = done->obj;
+    }
+    int rc = gr_graph_replay(g->obj, (int)phase, seq || wait ? &order : NULL, &ns);
     atomic_store(&X.state->busy_since_ns, 0);
     if (rc != GR_OK)
         snprintf(X.err, sizeof X.err, "%s", gr_last_error());
@@ -1494,20 +1504,22 @@ static int op_graph_replay(gx_rbuf_t *r, msg_t *m, gx_wbuf_t *out)
         if (b == 0)
             return reject(GR_EINVAL, "GRAPH_REPLAY: posted sequence number 0 (they start at 1)");
         if (g == NULL) {
-            /* As gr_graph_replay_posted on failure: done = n, so the client's wait ends. */
+            /* As gr_graph_replay by counters on failure: done = n, so the client's wait ends. */
             gr_seq_skip(seq, b);
             return not_found(&X.graphs, id);
         }
-        rc = gr_graph_replay_posted(g->obj, phase, seq, b, &ns);
+        const gr_order_t order = {.seq = seq, .n = b};
+        rc = gr_graph_replay(g->obj, phase, &order, &ns);
     } else if (g == NULL) {
         return not_found(&X.graphs, id);
     } else if (mode == GX_REPLAY_ORDERED) {
         entry_t *w = table_find(&X.events, a), *d = table_find(&X.events, b);
         if (w == NULL || d == NULL)
             return not_found(&X.events, w == NULL ? a : b);
-        rc = gr_graph_replay_ordered(g->obj, phase, w->obj, d->obj, &ns);
+        const gr_order_t order = {.wait = w->obj, .done = d->obj};
+        rc = gr_graph_replay(g->obj, phase, &order, &ns);
     } else {
-        rc = gr_graph_replay(g->obj, phase, &ns);
+        rc = gr_graph_replay(g->obj, phase, NULL, &ns);
     }
     if (rc)
         return gr_failed(rc);

@@ -28,6 +28,13 @@
  * own generator. Each graph having its own words, replays of several sessions on several
  * streams never read each other's seeds.
  *
+ * The family also owns what is CUDA-specific in the rest of the runtime's API (engine_int.h's
+ * Family members): discovery (gr_devices: cudaGetDeviceProperties, cudaMemGetInfo), the graph
+ * mempool's figures (gr_pool_memory: the caching allocator's snapshot), exportable device memory
+ * (gr_device_alloc/free: plain cudaMalloc and CUDA IPC), interprocess events (gr_event_*) and
+ * sequence counters (gr_seq_*: cuStreamWaitValue64/cuStreamWriteValue64). Its memory and tensors
+ * can be shared with another process (CUDA IPC), so device-resident captures are allowed.
+ *
  * Built only with -DGR_HAVE_CUDA (the Makefile's TORCH=python on a torch with CUDA).
  */
 #ifdef GR_HAVE_CUDA
@@ -47,6 +54,8 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
+#include <dlfcn.h>
+#include <new>
 #include <unistd.h>
 
 namespace gr
@@ -342,12 +351,363 @@ void export_external(Callable &c, const CudaPool &pool)
     }
 }
 
+/* ---- device memory, events and sequence counters (gr_device_alloc, gr_event_*, gr_seq_*) ----
+ * Plain cudaMalloc (never libtorch's caching allocator: a block carved out of a larger cached
+ * segment could not be exported at offset 0, and would outlive our free) and a CUDA IPC handle
+ * for the client. */
+
+/* Makes index the current device for its lifetime, restoring the previous one after. */
+struct DeviceScope {
+    int prev = -1;
+    cudaError_t err = cudaSuccess;
+    explicit DeviceScope(int index)
+    {
+        if (cudaGetDevice(&prev) != cudaSuccess) {
+            (void)cudaGetLastError();
+            prev = -1;
+        }
+        if (prev != index)
+            err = cudaSetDevice(index);
+    }
+    ~DeviceScope()
+    {
+        if (prev >= 0 && cudaSetDevice(prev) != cudaSuccess)
+            (void)cudaGetLastError();
+    }
+};
+
+int cuda_fail(cudaError_t err, const char *what, const char *device)
+{
+    (void)cudaGetLastError(); /* clear it, so later calls on this thread do not see it */
+    return gr__set_errorf(err == cudaErrorMemoryAllocation ? GR_ENOMEM
+                          : err == cudaErrorInvalidDevice  ? GR_ENOTFOUND
+                                                           : GR_EINTERNAL,
+                          "%s on %s: %s", what, device, cudaGetErrorString(err));
+}
+
+/* GR_OK when the runtime sees device index, else GR_ENOTFOUND (set) for fn. */
+int cuda_device_exists(const char *fn, const char *device, int index)
+{
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess || index >= count) {
+        (void)cudaGetLastError();
+        return gr__set_errorf(GR_ENOTFOUND, "%s: no device %s", fn, device);
+    }
+    return GR_OK;
+}
+
+int cuda_alloc(int index, const char *device, uint64_t bytes, void **ptr, uint8_t *handle)
+{
+    static_assert(sizeof(cudaIpcMemHandle_t) == GR_IPC_HANDLE_SIZE, "IPC handle size");
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess || index >= count) {
+        (void)cudaGetLastError();
+        return gr__set_errorf(GR_ENOTFOUND, "no device %s", device);
+    }
+    DeviceScope scope(index);
+    if (scope.err != cudaSuccess)
+        return cuda_fail(scope.err, "cudaSetDevice", device);
+    void *p = nullptr;
+    cudaError_t err = cudaMalloc(&p, static_cast<size_t>(bytes));
+    if (err != cudaSuccess)
+        return cuda_fail(err, "cudaMalloc", device);
+    cudaIpcMemHandle_t h;
+    err = cudaIpcGetMemHandle(&h, p);
+    if (err != cudaSuccess) {
+        int rc = cuda_fail(err, "cudaIpcGetMemHandle", device);
+        (void)cudaFree(p);
+        return rc;
+    }
+    std::memcpy(handle, &h, GR_IPC_HANDLE_SIZE);
+    *ptr = p;
+    return GR_OK;
+}
+
+int cuda_free(int index, const char *device, void *ptr)
+{
+    DeviceScope scope(index);
+    if (scope.err != cudaSuccess)
+        return cuda_fail(scope.err, "cudaSetDevice", device);
+    cudaError_t err = cudaFree(ptr);
+    if (err != cudaSuccess)
+        return cuda_fail(err, "cudaFree", device);
+    return GR_OK;
+}
+
+/* *out = a new gr_event_t owning ev, which is destroyed if that fails. */
+int wrap_event(const char *fn, int index, cudaEvent_t ev, int opened, gr_event_t **out)
+{
+    auto *e = new (std::nothrow) gr_event_t{&family_cuda(), index, ev, opened};
+    if (e == nullptr) {
+        (void)cudaEventDestroy(ev);
+        return gr__set_errorf(GR_ENOMEM, "%s: out of memory", fn);
+    }
+    *out = e;
+    return GR_OK;
+}
+
+int cuda_event_create(int index, const char *device, gr_event_t **out, uint8_t *handle)
+{
+    int rc = cuda_device_exists("gr_event_create", device, index);
+    if (rc != GR_OK)
+        return rc;
+    static_assert(sizeof(cudaIpcEventHandle_t) == GR_IPC_HANDLE_SIZE, "IPC handle size");
+    DeviceScope scope(index);
+    if (scope.err != cudaSuccess)
+        return cuda_fail(scope.err, "cudaSetDevice", device);
+    cudaEvent_t ev = nullptr;
+    cudaError_t err = cudaEventCreateWithFlags(&ev, cudaEventInterprocess | cudaEventDisableTiming);
+    if (err != cudaSuccess)
+        return cuda_fail(err, "cudaEventCreateWithFlags", device);
+    cudaIpcEventHandle_t h;
+    err = cudaIpcGetEventHandle(&h, ev);
+    if (err != cudaSuccess) {
+        int rc = cuda_fail(err, "cudaIpcGetEventHandle", device);
+        (void)cudaEventDestroy(ev);
+        return rc;
+    }
+    rc = wrap_event("gr_event_create", index, ev, 0, out);
+    if (rc == GR_OK)
+        std::memcpy(handle, &h, GR_IPC_HANDLE_SIZE);
+    return rc;
+}
+
+int cuda_event_open(int index, const char *device, const uint8_t *handle, gr_event_t **out)
+{
+    int rc = cuda_device_exists("gr_event_open", device, index);
+    if (rc != GR_OK)
+        return rc;
+    DeviceScope scope(index);
+    if (scope.err != cudaSuccess)
+        return cuda_fail(scope.err, "cudaSetDevice", device);
+    cudaIpcEventHandle_t h;
+    std::memcpy(&h, handle, GR_IPC_HANDLE_SIZE);
+    cudaEvent_t ev = nullptr;
+    cudaError_t err = cudaIpcOpenEventHandle(&ev, h);
+    if (err != cudaSuccess) {
+        (void)cudaGetLastError();
+        return gr__set_errorf(GR_EINVAL, "cudaIpcOpenEventHandle on %s: %s", device,
+                              cudaGetErrorString(err));
+    }
+    return wrap_event("gr_event_open", index, ev, 1, out);
+}
+
+void cuda_event_destroy(gr_event_t *e)
+{
+    {
+        DeviceScope scope(e->device);
+        if (cudaEventDestroy(static_cast<cudaEvent_t>(e->event)) != cudaSuccess)
+            (void)cudaGetLastError(); /* the context may be gone at exit: nothing to free */
+    }
+    delete e;
+}
+
+/* The driver's cuStreamWaitValue64 / cuStreamWriteValue64 (CUstream, CUdeviceptr, cuuint64_t,
+ * unsigned int) -> CUresult, looked up in the driver the runtime has loaded, so that
+ * graph_runtime need not link against libcuda. */
+using StreamValueFn = int (*)(void *, unsigned long long, unsigned long long, unsigned int);
+struct StreamOps {
+    StreamValueFn wait = nullptr, write = nullptr;
+    StreamOps()
+    {
+        void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+        if (h == nullptr)
+            h = dlopen("libcuda.so.1", RTLD_NOW);
+        if (h == nullptr)
+            return;
+        wait = resolve(h, "cuStreamWaitValue64_v2", "cuStreamWaitValue64");
+        write = resolve(h, "cuStreamWriteValue64_v2", "cuStreamWriteValue64");
+        if (wait == nullptr || write == nullptr)
+            wait = write = nullptr;
+    }
+    static StreamValueFn resolve(void *h, const char *name, const char *fallback)
+    {
+        void *f = dlsym(h, name);
+        if (f == nullptr)
+            f = dlsym(h, fallback);
+        return reinterpret_cast<StreamValueFn>(f);
+    }
+};
+
+const StreamOps &stream_ops()
+{
+    static const StreamOps ops;
+    return ops;
+}
+
+const unsigned CU_STREAM_WAIT_VALUE_GEQ_ = 0x0;      /* CU_STREAM_WAIT_VALUE_GEQ */
+const unsigned CU_STREAM_WRITE_VALUE_DEFAULT_ = 0x0; /* with a memory barrier before the write */
+
+/* CUDA stream memory operations on 64-bit values (the driver's cuStreamWaitValue64 with
+ * CU_STREAM_WAIT_VALUE_GEQ, and cuStreamWriteValue64), resolved once: 0, or a CUresult (-1 when
+ * the driver has none). stream is a cudaStream_t. */
+int stream_wait_geq(void *stream, const void *addr, uint64_t value)
+{
+    const StreamOps &ops = stream_ops();
+    if (ops.wait == nullptr)
+        return -1;
+    return ops.wait(stream, reinterpret_cast<uintptr_t>(addr), value, CU_STREAM_WAIT_VALUE_GEQ_);
+}
+
+int stream_write(void *stream, void *addr, uint64_t value)
+{
+    const StreamOps &ops = stream_ops();
+    if (ops.write == nullptr)
+        return -1;
+    return ops.write(stream, reinterpret_cast<uintptr_t>(addr), value,
+                     CU_STREAM_WRITE_VALUE_DEFAULT_);
+}
+
+uint8_t *seq_bytes(const gr_seq_t *s)
+{
+    return static_cast<uint8_t *>(s->mem);
+}
+
+int cuda_seq_create(int index, const char *device, gr_seq_t **out, uint8_t *handle)
+{
+    int rc = cuda_device_exists("gr_seq_create", device, index);
+    if (rc != GR_OK)
+        return rc;
+    if (stream_ops().wait == nullptr)
+        return gr__set_errorf(GR_EUNSUPPORTED,
+                              "gr_seq_create: the CUDA driver has no cuStreamWaitValue64");
+    void *mem = nullptr;
+    rc = cuda_alloc(index, device, GR_SEQ_BYTES, &mem, handle);
+    if (rc != GR_OK)
+        return rc;
+    DeviceScope scope(index);
+    cudaStream_t stream = nullptr;
+    cudaError_t err = scope.err;
+    if (err == cudaSuccess)
+        err = cudaMemset(mem, 0, GR_SEQ_BYTES);
+    if (err == cudaSuccess)
+        err = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+    if (err != cudaSuccess) {
+        rc = cuda_fail(err, "sequence counters", device);
+        (void)cudaFree(mem);
+        return rc;
+    }
+    auto *s = new (std::nothrow) gr_seq_t{&family_cuda(), index, mem, stream};
+    if (s == nullptr) {
+        (void)cudaStreamDestroy(stream);
+        (void)cudaFree(mem);
+        return gr__set_error(GR_ENOMEM, "gr_seq_create: out of memory");
+    }
+    *out = s;
+    return GR_OK;
+}
+
+int cuda_seq_skip(gr_seq_t *s, uint64_t n)
+{
+    DeviceScope scope(s->device);
+    int err = stream_wait_geq(s->stream, seq_bytes(s) + GR_SEQ_DONE_OFFSET, n - 1);
+    if (err == 0)
+        err = stream_write(s->stream, seq_bytes(s) + GR_SEQ_DONE_OFFSET, n);
+    if (err != 0)
+        return gr__set_errorf(GR_EINTERNAL, "gr_seq_skip on cuda:%d: CUresult %d", s->device, err);
+    return GR_OK;
+}
+
+int cuda_seq_release(gr_seq_t *s)
+{
+    /* A stream of its own: the counters' stream may itself wait (gr_seq_skip) behind the very
+     * replay this is to unblock. */
+    DeviceScope scope(s->device);
+    cudaStream_t stream = nullptr;
+    cudaError_t cerr = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+    if (cerr != cudaSuccess)
+        return cuda_fail(cerr, "gr_seq_release: cudaStreamCreateWithFlags", "the counters' device");
+    int err = stream_write(stream, seq_bytes(s) + GR_SEQ_READY_OFFSET, GR_SEQ_RELEASED);
+    if (err == 0)
+        err = stream_write(stream, seq_bytes(s) + GR_SEQ_DONE_OFFSET, GR_SEQ_RELEASED);
+    (void)cudaStreamDestroy(stream); /* returns at once; the writes still run */
+    if (err != 0)
+        return gr__set_errorf(GR_EINTERNAL, "gr_seq_release on cuda:%d: CUresult %d", s->device,
+                              err);
+    return GR_OK;
+}
+
+void cuda_seq_destroy(gr_seq_t *s)
+{
+    {
+        DeviceScope scope(s->device);
+        auto stream = static_cast<cudaStream_t>(s->stream);
+        if (cudaStreamSynchronize(stream) != cudaSuccess ||
+            cudaStreamDestroy(stream) != cudaSuccess)
+            (void)cudaGetLastError();
+        if (cudaFree(s->mem) != cudaSuccess)
+            (void)cudaGetLastError(); /* the context may be gone at exit */
+    }
+    delete s;
+}
+
 const CudaPool &pool_of(PoolState *p)
 {
     auto *pool = dynamic_cast<CudaPool *>(p);
     if (pool == nullptr)
         throw Error(GR_EINTERNAL, "CUDA capture without a CUDA pool");
     return *pool;
+}
+
+/* ---- discovery and pool memory (gr_devices, gr_pool_memory) ---- */
+
+std::vector<gr_device_info_t> cuda_devices()
+{
+    std::vector<gr_device_info_t> out;
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) { /* no driver, no GPU: no devices */
+        (void)cudaGetLastError();
+        return out;
+    }
+    int prev = 0;
+    bool restore = cudaGetDevice(&prev) == cudaSuccess;
+    const int mps = gr_cuda_mps_pipe(nullptr, 0) == 1; /* one server for every device, or none */
+    for (int i = 0; i < n; i++) {
+        cudaDeviceProp prop;
+        if (cudaGetDeviceProperties(&prop, i) != cudaSuccess) {
+            (void)cudaGetLastError();
+            continue;
+        }
+        gr_device_info_t d{};
+        std::snprintf(d.device, sizeof d.device, "cuda:%d", i);
+        size_t len = std::min(strnlen(prop.name, sizeof prop.name), sizeof d.name - 1);
+        std::memcpy(d.name, prop.name, len); /* d is zeroed: NUL-terminated */
+        std::snprintf(d.compute_capability, sizeof d.compute_capability, "%d.%d", prop.major,
+                      prop.minor);
+        d.total_bytes = prop.totalGlobalMem;
+        d.mps = mps;
+        size_t free_b = 0, total_b = 0;
+        if (cudaSetDevice(i) == cudaSuccess && cudaMemGetInfo(&free_b, &total_b) == cudaSuccess) {
+            d.free_bytes = free_b;
+            d.total_bytes = total_b;
+        } else {
+            (void)cudaGetLastError();
+        }
+        out.push_back(d);
+    }
+    if (restore)
+        (void)cudaSetDevice(prev);
+    return out;
+}
+
+void cuda_pool_memory(const PoolState *state, uint64_t *reserved, uint64_t *in_use)
+{
+    const auto *pool = dynamic_cast<const CudaPool *>(state);
+    if (pool == nullptr)
+        throw Error(GR_EINTERNAL, "CUDA pool without its family state");
+    /* Asking for the mempool makes libtorch walk only that pool's segments; the owner check keeps
+     * the sum right on a libtorch that ignores the filter and returns every segment. No traces:
+     * only the sizes are read. */
+    const auto snap = c10::cuda::CUDACachingAllocator::snapshot(pool->id, false);
+    uint64_t total = 0, allocated = 0;
+    for (const auto &seg : snap.segments) {
+        if (seg.owner_private_pool_id != pool->id || seg.device != pool->index)
+            continue;
+        total += seg.total_size;
+        allocated += seg.allocated_size;
+    }
+    *reserved = total;
+    *in_use = allocated;
 }
 
 class CudaFamily final : public Family
@@ -371,6 +731,57 @@ class CudaFamily final : public Family
         c10::cuda::CUDAGuard guard(dev);
         return std::make_unique<CudaPool>(index, at::cuda::graph_pool_handle(),
                                           c10::cuda::getStreamFromPool(false, dev));
+    }
+    std::vector<gr_device_info_t> devices() const override
+    {
+        return cuda_devices();
+    }
+    void pool_memory(const PoolState *state, uint64_t *reserved, uint64_t *in_use) const override
+    {
+        cuda_pool_memory(state, reserved, in_use);
+    }
+    /* CUDA memory and tensors are shared through CUDA IPC: device-resident captures work. */
+    void check_sharing(const std::string & /*device*/) const override
+    {
+    }
+    int alloc(int index, const char *device, uint64_t bytes, void **ptr,
+              uint8_t *handle) const override
+    {
+        return cuda_alloc(index, device, bytes, ptr, handle);
+    }
+    int free(int index, const char *device, void *ptr) const override
+    {
+        return cuda_free(index, device, ptr);
+    }
+    int event_create(int index, const char *device, gr_event_t **out,
+                     uint8_t *handle) const override
+    {
+        return cuda_event_create(index, device, out, handle);
+    }
+    int event_open(int index, const char *device, const uint8_t *handle,
+                   gr_event_t **out) const override
+    {
+        return cuda_event_open(index, device, handle, out);
+    }
+    void event_destroy(gr_event_t *e) const override
+    {
+        cuda_event_destroy(e);
+    }
+    int seq_create(int index, const char *device, gr_seq_t **out, uint8_t *handle) const override
+    {
+        return cuda_seq_create(index, device, out, handle);
+    }
+    int seq_skip(gr_seq_t *s, uint64_t n) const override
+    {
+        return cuda_seq_skip(s, n);
+    }
+    int seq_release(gr_seq_t *s) const override
+    {
+        return cuda_seq_release(s);
+    }
+    void seq_destroy(gr_seq_t *s) const override
+    {
+        cuda_seq_destroy(s);
     }
     bool staged() const override
     {
@@ -498,12 +909,12 @@ class CudaFamily final : public Family
         cudaStream_t stream = st.stream->stream();
         if (order != nullptr && order->seq != nullptr) {
             uint8_t *mem = static_cast<uint8_t *>(order->seq->mem);
-            check_cu(gr__stream_wait_geq(stream, mem + GR_SEQ_READY_OFFSET, order->n),
+            check_cu(stream_wait_geq(stream, mem + GR_SEQ_READY_OFFSET, order->n),
                      "cuStreamWaitValue64 (ready)");
-            check_cu(gr__stream_wait_geq(stream, mem + GR_SEQ_DONE_OFFSET, order->n - 1),
+            check_cu(stream_wait_geq(stream, mem + GR_SEQ_DONE_OFFSET, order->n - 1),
                      "cuStreamWaitValue64 (done)");
             launch(st, graph, rng, stream);
-            check_cu(gr__stream_write(stream, mem + GR_SEQ_DONE_OFFSET, order->n),
+            check_cu(stream_write(stream, mem + GR_SEQ_DONE_OFFSET, order->n),
                      "cuStreamWriteValue64");
             return;
         }
@@ -525,65 +936,6 @@ const Family &family_cuda()
 {
     static const CudaFamily family;
     return family;
-}
-
-std::vector<gr_device_info_t> cuda_devices()
-{
-    std::vector<gr_device_info_t> out;
-    int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess) { /* no driver, no GPU: no devices */
-        (void)cudaGetLastError();
-        return out;
-    }
-    int prev = 0;
-    bool restore = cudaGetDevice(&prev) == cudaSuccess;
-    const int mps = gr_cuda_mps_pipe(nullptr, 0) == 1; /* one server for every device, or none */
-    for (int i = 0; i < n; i++) {
-        cudaDeviceProp prop;
-        if (cudaGetDeviceProperties(&prop, i) != cudaSuccess) {
-            (void)cudaGetLastError();
-            continue;
-        }
-        gr_device_info_t d{};
-        std::snprintf(d.device, sizeof d.device, "cuda:%d", i);
-        size_t len = std::min(strnlen(prop.name, sizeof prop.name), sizeof d.name - 1);
-        std::memcpy(d.name, prop.name, len); /* d is zeroed: NUL-terminated */
-        std::snprintf(d.compute_capability, sizeof d.compute_capability, "%d.%d", prop.major,
-                      prop.minor);
-        d.total_bytes = prop.totalGlobalMem;
-        d.mps = mps;
-        size_t free_b = 0, total_b = 0;
-        if (cudaSetDevice(i) == cudaSuccess && cudaMemGetInfo(&free_b, &total_b) == cudaSuccess) {
-            d.free_bytes = free_b;
-            d.total_bytes = total_b;
-        } else {
-            (void)cudaGetLastError();
-        }
-        out.push_back(d);
-    }
-    if (restore)
-        (void)cudaSetDevice(prev);
-    return out;
-}
-
-void cuda_pool_memory(const PoolState &state, uint64_t *reserved, uint64_t *in_use)
-{
-    const auto *pool = dynamic_cast<const CudaPool *>(&state);
-    if (pool == nullptr)
-        throw Error(GR_EINTERNAL, "CUDA pool without its family state");
-    /* Asking for the mempool makes libtorch walk only that pool's segments; the owner check keeps
-     * the sum right on a libtorch that ignores the filter and returns every segment. No traces:
-     * only the sizes are read. */
-    const auto snap = c10::cuda::CUDACachingAllocator::snapshot(pool->id, false);
-    uint64_t total = 0, allocated = 0;
-    for (const auto &seg : snap.segments) {
-        if (seg.owner_private_pool_id != pool->id || seg.device != pool->index)
-            continue;
-        total += seg.total_size;
-        allocated += seg.allocated_size;
-    }
-    *reserved = total;
-    *in_use = allocated;
 }
 
 } // namespace gr

@@ -138,31 +138,35 @@ int gr_sha256(const void *data, size_t len, uint8_t out[GR_SHA256_LEN]);
 
 /* ---- devices ---------------------------------------------------------------------------- */
 
-/* One accelerator this runtime can capture on. */
+/* One accelerator this runtime can capture on, as its family describes it. */
 typedef struct gr_device_info {
-    char device[GR_DEVICE_MAX];  /* "cuda:0": what gr_pool_create and gr_capture_prepare take */
-    char name[128];              /* the driver's name, "NVIDIA H200" */
-    char compute_capability[16]; /* "9.0" */
+    char device[GR_DEVICE_MAX];  /* what gr_pool_create and gr_capture_prepare take ("cuda:0") */
+    char name[128];              /* the driver's name ("NVIDIA H200") */
+    char compute_capability[16]; /* the family's version of the device ("9.0" for CUDA) */
     uint64_t total_bytes;        /* device memory */
-    uint64_t free_bytes;         /* free at the call (cudaMemGetInfo) */
-    int mps;                     /* 1: contexts go through an MPS server (gr_cuda_mps_pipe) */
+    uint64_t free_bytes;         /* free at the call */
+    int mps;                     /* CUDA: contexts go through an MPS server (gr_cuda_mps_pipe) */
 } gr_device_info_t;
 
 /* Two-call pattern: with items NULL, *count gets the number of accelerators; else fills up to
- * *count of them and sets *count to the number filled. Lists CUDA devices only (the CPU devices,
- * "cpu:0" and any gr_cpu_devices adds, always exist and are not listed). Zero devices, and GR_OK,
- * when the CUDA family is not built in, or there is no driver or no GPU; never aborts. Safe
- * before any other gr_ call; it creates a CUDA context on each device it lists (cudaMemGetInfo).
- * GR_EINVAL for a NULL count. */
+ * *count of them and sets *count to the number filled. Walks the families built in, in table
+ * order, each listing its devices: CUDA lists its GPUs (and creates a context on each to read
+ * its free memory, cudaMemGetInfo); XPU lists none (the daemon discovers XPU devices through
+ * Level Zero, ze_layer.h); the CPU devices, "cpu:0" and any gr_cpu_devices adds, always exist
+ * and are not listed. Zero devices, and GR_OK, when no family that lists devices is built in,
+ * or there is no driver or no device; never aborts. Safe before any other gr_ call. GR_EINVAL
+ * for a NULL count. */
 int gr_devices(size_t *count, gr_device_info_t *items /* [optional] */);
 
-/* Whether this process's CUDA contexts go through an NVIDIA MPS server, found as CUDA clients find
- * one: the pipe directory is $CUDA_MPS_PIPE_DIRECTORY (when set and not empty), else
- * /tmp/nvidia-mps, and a control daemon listens there when "<dir>/control" exists. 1 when it does,
- * 0 when not; dir gets the directory (truncated to len - 1 bytes). A heuristic: it says a control
- * daemon is reachable from this process's environment, not a query of a context (a context made
- * before the control daemon started runs without it). Needs no CUDA (the CPU-only build has it)
- * and creates no context. GR_EINVAL when dir is NULL with len > 0. */
+/* The CUDA family's MPS look-up, which the daemon shows in its status (a CUDA fact, kept here
+ * because it needs no CUDA). Whether this process's CUDA contexts go through an NVIDIA MPS
+ * server, found as CUDA clients find one: the pipe directory is $CUDA_MPS_PIPE_DIRECTORY (when
+ * set and not empty), else /tmp/nvidia-mps, and a control daemon listens there when
+ * "<dir>/control" exists. 1 when it does, 0 when not; dir gets the directory (truncated to
+ * len - 1 bytes). A heuristic: it says a control daemon is reachable from this process's
+ * environment, not a query of a context (a context made before the control daemon started runs
+ * without it). Needs no CUDA (the CPU-only build has it) and creates no context. GR_EINVAL when
+ * dir is NULL with len > 0. */
 int gr_cuda_mps_pipe(char *dir /* [out][optional] */, size_t len);
 
 /* ---- modules ---------------------------------------------------------------------------- */
@@ -211,15 +215,15 @@ typedef struct gr_pool gr_pool_t;
 int gr_pool_create(const char *device, gr_pool_t **out);
 /* GR_EBUSY, and nothing freed, while a capture or a graph uses the pool. */
 int gr_pool_destroy(gr_pool_t *p);
-/* The device memory of the pool's graph mempool, from libtorch's caching allocator: *reserved
- * gets the bytes of the allocator segments the mempool owns (cudaMalloc'd for the pool's graphs,
- * free or not), *in_use the bytes of those segments held by live allocations. Static blocks are
- * not in it: they are the caller's (gr_device_alloc is plain cudaMalloc). GR_OK with 0 and 0 for
- * a pool that holds no memory of its own (cpu) or that has not captured yet. It walks the
- * allocator's segments under its locks (c10::cuda::CUDACachingAllocator::snapshot): thread-safe,
- * but it may take milliseconds on a busy device, so call it on the device's worker rather than on
- * a thread that must not block. GR_EINVAL for NULL arguments; GR_EINTERNAL when the allocator
- * cannot say (another CUDA allocator backend, e.g. cudaMallocAsync). */
+/* The device memory of the pool's graph mempool, as its family counts it: *reserved gets the
+ * bytes the mempool holds (free or not), *in_use the bytes of those held by live allocations.
+ * Static blocks are not in it: they are the caller's (gr_device_alloc). GR_OK with 0 and 0 for
+ * a pool that holds no memory of its own (cpu) or that has not captured yet. CUDA: the caching
+ * allocator's segments the mempool owns, walked under the allocator's locks
+ * (c10::cuda::CUDACachingAllocator::snapshot): thread-safe, but it may take milliseconds on a
+ * busy device, so call it on the device's worker rather than on a thread that must not block;
+ * GR_EINTERNAL when the allocator cannot say (another CUDA allocator backend, e.g.
+ * cudaMallocAsync). GR_EINVAL for NULL arguments. */
 int gr_pool_memory(const gr_pool_t *p, uint64_t *reserved /* [out] */,
                    uint64_t *in_use /* [out] */);
 
@@ -253,8 +257,10 @@ typedef struct gr_capture_opts {
     gr_pool_t *pool;        /* [optional] NULL: a pool private to this capture's graphs */
     /* 1: the blocks given to gr_capture_finish are device memory on the capture's device
      * (gr_device_alloc): the static tensors are views of them on the device, with no host copy
-     * and no host<->device transfer (device-resident). GR_EINVAL on a device without memory of
-     * its own (cpu). 0: the blocks are host memory (a CUDA family stages through them). */
+     * and no host<->device transfer (device-resident). Only where the family's device memory can
+     * be shared with another process: GR_EINVAL on a device without memory of its own (cpu),
+     * GR_EUNSUPPORTED on xpu (torch 2.11 has no XPU IPC). 0: the blocks are host memory (a
+     * family with device memory stages through them). */
     int resident;
     /* Device-resident captures only (ignored otherwise). 1: every PARAM_GRAD is in the static
      * block, and BACKWARD copies each parameter gradient there from where autograd computed it.
@@ -354,114 +360,131 @@ int gr_capture_finish(gr_capture_t *c, void *const *bases, gr_graph_t **graphs /
 int gr_capture_abort(gr_capture_t *c);
 
 /* ---- device memory ---------------------------------------------------------------------- */
+/* Device memory and the ordering primitives below are device-neutral entry points: each
+ * resolves its device ("cuda:0", say) through the family table and does what that family does,
+ * as each function's comment says per family. A device of a kind this build lacks is
+ * GR_EUNSUPPORTED ("this graphd was built without a ... libtorch"), an unknown kind or a
+ * malformed name GR_EINVAL, an index past the family's devices GR_ENOTFOUND; a family without
+ * device memory of its own (cpu), or without the primitive, answers GR_EUNSUPPORTED naming the
+ * family. Families: CUDA has all of them; XPU (torch >= 2.11) has none, as XPU memory cannot be
+ * shared with another process there. */
 
-#define GR_IPC_HANDLE_SIZE 64 /* bytes of a CUDA IPC memory handle (cudaIpcMemHandle_t) */
+/* Bytes of an IPC handle a family gives another process (CUDA: a cudaIpcMemHandle_t or
+ * cudaIpcEventHandle_t; Level Zero's ze_ipc_mem_handle_t has the same size). */
+#define GR_IPC_HANDLE_SIZE 64
 
-/* Allocates bytes (> 0) of device memory on device ("cuda:N") with plain cudaMalloc (not
- * libtorch's caching allocator, so the block starts its own allocation and can be exported) and
- * exports it: handle gets its cudaIpcGetMemHandle, which another process opens with
- * cudaIpcOpenMemHandle. The block is at least 256-byte aligned, contents undefined. For
- * gr_capture_opts_t.resident blocks. GR_EINVAL for a malformed or non-CUDA device or 0 bytes,
- * GR_ENOTFOUND for a device index that does not exist, GR_ENOMEM when the device is full,
- * GR_EUNSUPPORTED when the CUDA family is not built in. The caller's current CUDA device is left
- * as it was. */
+/* Allocates bytes (> 0) of device memory on device, in an allocation of its own (not the
+ * caching allocator's, so that it can be exported whole), and exports it: handle gets the IPC
+ * handle another process opens. At least 256-byte aligned, contents undefined. For
+ * gr_capture_opts_t.resident blocks. CUDA: plain cudaMalloc and cudaIpcGetMemHandle (the other
+ * process opens it with cudaIpcOpenMemHandle); the caller's current CUDA device is left as it
+ * was. GR_EINVAL for 0 bytes, GR_ENOMEM when the device is full; otherwise the errors above. */
 int gr_device_alloc(const char *device, uint64_t bytes, void **ptr /* [out] */,
                     uint8_t handle[GR_IPC_HANDLE_SIZE] /* [out] */);
-/* cudaFree of a gr_device_alloc block (which waits for the device's work in flight). Graphs
- * captured over it must not be replayed afterwards. GR_EUNSUPPORTED without the CUDA family. */
+/* Frees a gr_device_alloc block of device (CUDA: cudaFree, which waits for the device's work in
+ * flight). Graphs captured over it must not be replayed afterwards. NULL ptr: no-op. */
 int gr_device_free(const char *device, void *ptr);
 
 /* Where a GR_TENSOR_EXTERNAL static tensor of a graph lives: in a device allocation of the
- * pool's graph mempool (a segment of libtorch's caching allocator, cudaMalloc'd), which another
- * process maps whole with cudaIpcOpenMemHandle(handle) and finds the tensor at offset. Several
- * tensors, of one graph or of several graphs of one pool, may share an allocation (the same base
- * and handle). The allocation stays while the graph does. */
+ * pool's graph mempool (CUDA: a segment of libtorch's caching allocator, cudaMalloc'd), which
+ * another process maps whole from handle (CUDA: cudaIpcOpenMemHandle) and finds the tensor at
+ * offset. Several tensors, of one graph or of several graphs of one pool, may share an
+ * allocation (the same base and handle). The allocation stays while the graph does. */
 typedef struct gr_external {
     size_t tensor; /* index in gr_graph_layout's order */
     void *base;    /* the allocation's device pointer */
     uint64_t size; /* its bytes */
     uint64_t offset;
-    uint8_t handle[GR_IPC_HANDLE_SIZE]; /* cudaIpcGetMemHandle(base) */
+    uint8_t handle[GR_IPC_HANDLE_SIZE]; /* the allocation's IPC handle */
 } gr_external_t;
 
 /* Two-call pattern, as gr_graph_layout: the graph's GR_TENSOR_EXTERNAL tensors in layout order
  * (none for a graph that has none). GR_EINVAL for NULL g or count. */
 int gr_graph_external(const gr_graph_t *g, size_t *count, gr_external_t *items /* [optional] */);
 
+/* ---- ordering across processes (interprocess events) ------------------------------------ */
+/* An event shared between two processes, so that each side's stream can wait for the other's
+ * work without a host synchronisation. Each side records only the events it created and waits on
+ * the ones it opened. */
+typedef struct gr_event gr_event_t;
+/* Creates an interprocess event on device; handle gets its IPC handle for the other process.
+ * CUDA: cudaEventInterprocess | cudaEventDisableTiming and cudaIpcGetEventHandle; the caller's
+ * current CUDA device is left as it was. Errors as the section's. */
+int gr_event_create(const char *device, gr_event_t **out,
+                    uint8_t handle[GR_IPC_HANDLE_SIZE] /* [out] */);
+/* Opens another process's interprocess event on device from its IPC handle. Errors as
+ * gr_event_create; GR_EINVAL when the handle does not open (not an event handle, or, CUDA, from
+ * this process: CUDA refuses to open a process's own handles). */
+int gr_event_open(const char *device, const uint8_t handle[GR_IPC_HANDLE_SIZE], gr_event_t **out);
+/* Destroys the event (an opened one is only closed here; its owner's copy lives on). NULL:
+ * no-op. */
+int gr_event_destroy(gr_event_t *e);
+
+/* ---- ordering across processes (sequence counters) ---------------------------------------- */
+/* Two 64-bit counters in device memory (GR_SEQ_BYTES, exported with the family's IPC) that order
+ * one client's replays on one device by stream memory operations, with no reply needed: the
+ * client's stream writes ready = n after the work a replay must follow and waits for done >= n
+ * before the work that must follow it; a replay ordered by them (gr_order_t.seq) makes the
+ * graph's stream wait for ready >= n and write done = n. Counters start at 0, n at 1. */
+typedef struct gr_seq gr_seq_t;
+#define GR_SEQ_BYTES 256
+#define GR_SEQ_READY_OFFSET 0
+#define GR_SEQ_DONE_OFFSET 128
+/* Allocates and zeroes the counters on device, with a stream of their own; handle gets their IPC
+ * handle (as gr_device_alloc). CUDA: cuStreamWaitValue64/cuStreamWriteValue64, GR_EUNSUPPORTED
+ * where the driver lacks 64-bit stream memory operations. Otherwise errors as the section's. */
+int gr_seq_create(const char *device, gr_seq_t **out,
+                  uint8_t handle[GR_IPC_HANDLE_SIZE] /* [out] */);
+/* For a posted replay n that will not run (refused, or failed before its graph): the counters'
+ * stream waits for done >= n - 1 and writes done = n, so that the client's wait ends in order. */
+int gr_seq_skip(gr_seq_t *s, uint64_t n);
+/* Ends every wait on the counters at once, whoever's: writes GR_SEQ_RELEASED to both from a
+ * stream ordered after nothing. For a client that is gone (its stream will never write ready,
+ * and a graph's stream would wait for it forever). Callable from any thread. */
+#define GR_SEQ_RELEASED (UINT64_C(1) << 62)
+int gr_seq_release(gr_seq_t *s);
+/* Frees the counters once their stream is idle. NULL: no-op. */
+int gr_seq_destroy(gr_seq_t *s);
+
 /* ---- replay ----------------------------------------------------------------------------- */
 
 #define GR_PHASE_FORWARD 0
 #define GR_PHASE_BACKWARD 1
 
-/* FORWARD computes the method on the INPUT tensors into the OUTPUT tensors (module buffers update
+/* How a replay is ordered against a client's stream in another process: events (wait and done,
+ * seq NULL) or sequence counters (seq and n, wait and done NULL). Both need a device-resident
+ * graph, with the objects on the graph's device. */
+typedef struct gr_order {
+    gr_event_t *wait; /* recorded by the client after it wrote the inputs */
+    gr_event_t *done; /* recorded after the graph; the client's stream waits on it */
+    gr_seq_t *seq;    /* the session's counters on the graph's device */
+    uint64_t n;       /* this replay's sequence number (1, 2, ...) */
+} gr_order_t;
+
+/* Replays phase of g.
+ *
+ * FORWARD computes the method on the INPUT tensors into the OUTPUT tensors (module buffers update
  * in the BUFFER tensors, as in PyTorch; random ops draw from the RNG_STATE tensor, which then
  * holds the advanced state). BACKWARD computes, from the GRAD_OUTPUT tensors, the GRAD_INPUT and
  * PARAM_GRAD tensors of the last FORWARD. GR_EPRECOND for BACKWARD without a FORWARD since the
  * last BACKWARD, or on a graph without backward; GR_EINVAL for a FORWARD whose RNG_STATE is not
  * a valid generator state (nothing runs; the graph stays usable); GR_EINTERNAL with the module's
  * message when it throws (the graph stays usable: the next FORWARD starts afresh, and RNG_STATE
- * is left as the caller wrote it). elapsed_ns: time spent in the replay. */
-int gr_graph_replay(gr_graph_t *g, int phase, uint64_t *elapsed_ns /* [out][optional] */);
-/* ---- ordering across processes (CUDA IPC events) ------------------------------------------ */
-/* A CUDA event shared between two processes, so that each side's stream can wait for the other's
- * work without a host synchronisation. Each side records only the events it created and waits on
- * the ones it opened. */
-typedef struct gr_event gr_event_t;
-/* Creates an interprocess event (cudaEventInterprocess | cudaEventDisableTiming) on device
- * ("cuda:N"); handle gets its cudaIpcGetEventHandle for the other process. GR_EINVAL for a
- * non-CUDA device, GR_ENOTFOUND for a device that does not exist, GR_EUNSUPPORTED without the
- * CUDA family. The caller's current CUDA device is left as it was. */
-int gr_event_create(const char *device, gr_event_t **out,
-                    uint8_t handle[GR_IPC_HANDLE_SIZE] /* [out] */);
-/* Opens another process's interprocess event on device from its IPC handle. Errors as
- * gr_event_create; GR_EINVAL when the handle does not open (not an event handle, or from this
- * process: CUDA refuses to open a process's own handles). */
-int gr_event_open(const char *device, const uint8_t handle[GR_IPC_HANDLE_SIZE], gr_event_t **out);
-/* Destroys the event (an opened one is only closed here; its owner's copy lives on). NULL:
- * no-op. */
-int gr_event_destroy(gr_event_t *e);
-/* An ordered replay of a device-resident CUDA graph: the pool's stream waits for wait (recorded by
- * the client after it wrote the inputs), the graph is launched after it, done is recorded after
- * the graph (the client's stream waits on it before reading the outputs), and the call returns
- * without waiting for the device: elapsed_ns is the host time of the launch. Both events must be
- * on the graph's device. GR_EINVAL for a graph that is not device-resident (a host-staged graph's
- * caller reads host memory as soon as the replay returns, so it must be synchronous) or events on
- * another device; otherwise as gr_graph_replay. */
-int gr_graph_replay_ordered(gr_graph_t *g, int phase, gr_event_t *wait, gr_event_t *done,
-                            uint64_t *elapsed_ns /* [out][optional] */);
-
-/* ---- ordering across processes (sequence counters) ---------------------------------------- */
-/* Two 64-bit counters in device memory (GR_SEQ_BYTES, exported with CUDA IPC) that order one
- * client's replays on one device by CUDA stream memory operations, with no reply needed: the
- * client's stream writes ready = n after the work a replay must follow and waits for done >= n
- * before the work that must follow it; gr_graph_replay_posted makes the graph's stream wait for
- * ready >= n and write done = n. Counters start at 0, n at 1. */
-typedef struct gr_seq gr_seq_t;
-#define GR_SEQ_BYTES 256
-#define GR_SEQ_READY_OFFSET 0
-#define GR_SEQ_DONE_OFFSET 128
-/* Allocates and zeroes the counters on device ("cuda:N"), with a stream of their own; handle gets
- * their cudaIpcGetMemHandle. GR_EUNSUPPORTED without the CUDA family or where the driver lacks
- * 64-bit stream memory operations; otherwise errors as gr_event_create. */
-int gr_seq_create(const char *device, gr_seq_t **out,
-                  uint8_t handle[GR_IPC_HANDLE_SIZE] /* [out] */);
-/* For a posted replay n that will not run (refused, or failed before its graph): the counters'
- * stream waits for done >= n - 1 and writes done = n, so that the client's wait ends in order. */
-int gr_seq_skip(gr_seq_t *s, uint64_t n);
-/* Ends every wait on the counters at once, whoever's: writes GR_SEQ_RELEASED to both from the
- * counters' stream, ordered after nothing. For a client that is gone (its stream will never write
- * ready, and a graph's stream would wait for it forever). Callable from any thread. */
-#define GR_SEQ_RELEASED (UINT64_C(1) << 62)
-int gr_seq_release(gr_seq_t *s);
-/* Frees the counters once their stream is idle. NULL: no-op. */
-int gr_seq_destroy(gr_seq_t *s);
-/* A posted replay of a device-resident graph: the graph's stream waits for ready >= n and for
- * done >= n - 1 (so that done only grows, whatever stream the previous replay used), replays, and
- * writes done = n; the call returns without waiting for the device (elapsed_ns: the host time of
- * the launch). On any failure done = n is still written (gr_seq_skip) before the error returns.
- * Errors as gr_graph_replay_ordered. */
-int gr_graph_replay_posted(gr_graph_t *g, int phase, gr_seq_t *s, uint64_t n,
-                           uint64_t *elapsed_ns /* [out][optional] */);
+ * is left as the caller wrote it).
+ *
+ * order NULL: synchronous; the static tensors hold the results when it returns, and elapsed_ns
+ * is the time spent in the replay. Otherwise the call returns without waiting for the device
+ * (elapsed_ns: the host time of the launch), and g must be device-resident (a host-staged
+ * graph's caller reads host memory as soon as the replay returns): GR_EINVAL for a graph that is
+ * not, for an order that names neither events nor counters or both, or for objects on another
+ * device than the graph's.
+ *  - Events: the graph's stream waits for wait, the graph is launched after it, and done is
+ *    recorded after the graph.
+ *  - Counters: the graph's stream waits for ready >= n and for done >= n - 1 (so that done only
+ *    grows, whatever stream the previous replay used), replays, and writes done = n. On any
+ *    failure but n == 0, done = n is still written (gr_seq_skip) before the error returns. */
+int gr_graph_replay(gr_graph_t *g, int phase, const gr_order_t *order /* [optional] */,
+                    uint64_t *elapsed_ns /* [out][optional] */);
 
 /* Frees the graph; its static block is the caller's again. */
 int gr_graph_destroy(gr_graph_t *g);

@@ -213,6 +213,35 @@ static void a_replay_connection_is_its_sessions_alone(void **state)
     graphd_close(b);
 }
 
+/* A posted REPLAY names its device by GRAPHD_DEVICE_CODE (frame version 2): the executor of
+ * cpu:0 reads the code for cuda:0 as cuda:0 (not as a bare CUDA index), refuses it as another
+ * device's, and ends the connection with an ERROR frame that names both devices. */
+static void a_posted_replay_names_its_device_by_code(void **state)
+{
+    harness_fixture_t *f = *state;
+    int fa;
+    graphd_client_t *a = dp_client_with_fd(&f->h, "posted", &fa);
+    harness_graph_t ga;
+    capture(a, &f->m, "mlp.pt", 4, 16, &ga);
+    graphd_frame_t r;
+    char msg[GRAPHD_FRAME_MAX_MSG + 1];
+    int conn = dp_direct(fa, 9301, graphd_graph_id(ga.g), GRAPHD_DIRECT_RENEW, &r, msg, sizeof msg);
+    assert_true(conn >= 0);
+    const uint64_t code = GRAPHD_DEVICE_CODE(GRAPHD_DEVICE_CUDA, 0);
+    dp_send_frame(conn, GRAPHD_FRAME_REPLAY, 1, graphd_graph_id(ga.g),
+                  GRAPHD_PHASE_FORWARD | GRAPHD_REPLAY_POSTED |
+                      (code << GRAPHD_REPLAY_DEVICE_SHIFT) | (1ull << GRAPHD_REPLAY_SEQ_SHIFT));
+    recv_answer(conn, &r, msg, sizeof msg);
+    assert_int_equal(r.type, GRAPHD_FRAME_ERROR);
+    if (strstr(msg, "posted REPLAY for cuda:0 on the connection of cpu:0") == NULL)
+        fail_msg("posted REPLAY with cuda:0's device code: '%s'", msg);
+    uint8_t byte;
+    assert_int_equal(dp_read(conn, &byte, 1), 0);
+    close(conn);
+    harness_graph_release(&ga);
+    graphd_close(a);
+}
+
 /* ---- a dead client's queue ---------------------------------------------------------------- */
 
 static void a_dead_clients_queued_replays_are_dropped(void **state)
@@ -343,6 +372,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(both_paths_give_the_same_bits_and_are_counted),
         cmocka_unit_test(a_replay_connection_is_its_sessions_alone),
+        cmocka_unit_test(a_posted_replay_names_its_device_by_code),
         cmocka_unit_test(a_dead_clients_queued_replays_are_dropped),
         cmocka_unit_test(a_client_that_never_reads_is_disconnected),
     };

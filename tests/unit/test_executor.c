@@ -583,7 +583,7 @@ static void test_capture_replay_matches_in_process(void **state)
         memcpy(local + in->offset + i * 4, &v, 4);
     }
     replay(&ex, g.id, GR_PHASE_FORWARD);
-    assert_int_equal(gr_graph_replay(lg, GR_PHASE_FORWARD, NULL), GR_OK);
+    assert_int_equal(gr_graph_replay(lg, GR_PHASE_FORWARD, NULL, NULL), GR_OK);
     const gr_tensor_desc_t *out = desc_of(g.descs, g.count, GR_ROLE_OUTPUT, 0);
     float first;
     memcpy(&first, block + out->offset, 4);
@@ -596,7 +596,7 @@ static void test_capture_replay_matches_in_process(void **state)
         memcpy(local + gout->offset + i * 4, &v, 4);
     }
     replay(&ex, g.id, GR_PHASE_BACKWARD);
-    assert_int_equal(gr_graph_replay(lg, GR_PHASE_BACKWARD, NULL), GR_OK);
+    assert_int_equal(gr_graph_replay(lg, GR_PHASE_BACKWARD, NULL, NULL), GR_OK);
     assert_memory_equal(block, local, total);
 
     /* GRAPH_DESTROY: the id is gone (and never comes back); MODULE_RELEASE likewise. */

@@ -276,7 +276,7 @@ static void assert_close(const float *got, const double *want, size_t n, double 
 
 static void replay_ok(gr_graph_t *g, int phase)
 {
-    int rc = gr_graph_replay(g, phase, NULL);
+    int rc = gr_graph_replay(g, phase, NULL, NULL);
     if (rc != GR_OK)
         fail_msg("replay phase %d: %s: %s", phase, gr_err_name(rc), gr_last_error());
 }
@@ -611,7 +611,7 @@ static void test_mlp_training_parity(void **state)
     for (int step = 0; step < STEPS; step++) {
         put(&t, GR_ROLE_INPUT, 0, x);
         uint64_t ns = 0;
-        assert_int_equal(gr_graph_replay(t.g, GR_PHASE_FORWARD, &ns), GR_OK);
+        assert_int_equal(gr_graph_replay(t.g, GR_PHASE_FORWARD, NULL, &ns), GR_OK);
         assert_true(ns > 0);
         double loss = mse_step(&t, y);
         replay_ok(t.g, GR_PHASE_BACKWARD);
@@ -758,7 +758,7 @@ static void test_eval_mode(void **state)
         replay_ok(t.g, GR_PHASE_FORWARD);
         assert_close(f32(&t, GR_ROLE_OUTPUT, 0), ref("eval.out", 12), 12, 1e-5, "eval.out");
     }
-    assert_error(gr_graph_replay(t.g, GR_PHASE_BACKWARD, NULL), GR_EPRECOND, "no backward");
+    assert_error(gr_graph_replay(t.g, GR_PHASE_BACKWARD, NULL, NULL), GR_EPRECOND, "no backward");
     replay_ok(t.g, GR_PHASE_FORWARD);
     release(&t, 1);
     gr_module_release(m);
@@ -1185,12 +1185,12 @@ static void test_backward_before_forward(void **state)
     tgraph_t t;
     assert_int_equal(capture(1, &spec, NULL, &t), GR_OK);
     assert_int_equal(count_role(&t, GR_ROLE_GRAD_INPUT), 1);
-    assert_error(gr_graph_replay(t.g, GR_PHASE_BACKWARD, NULL), GR_EPRECOND, "FORWARD");
+    assert_error(gr_graph_replay(t.g, GR_PHASE_BACKWARD, NULL, NULL), GR_EPRECOND, "FORWARD");
     replay_ok(t.g, GR_PHASE_FORWARD);
     replay_ok(t.g, GR_PHASE_BACKWARD);
-    assert_error(gr_graph_replay(t.g, GR_PHASE_BACKWARD, NULL), GR_EPRECOND, NULL);
-    assert_error(gr_graph_replay(t.g, 2, NULL), GR_EINVAL, NULL);
-    assert_error(gr_graph_replay(NULL, GR_PHASE_FORWARD, NULL), GR_EINVAL, NULL);
+    assert_error(gr_graph_replay(t.g, GR_PHASE_BACKWARD, NULL, NULL), GR_EPRECOND, NULL);
+    assert_error(gr_graph_replay(t.g, 2, NULL, NULL), GR_EINVAL, NULL);
+    assert_error(gr_graph_replay(NULL, GR_PHASE_FORWARD, NULL, NULL), GR_EINVAL, NULL);
     release(&t, 1);
     gr_module_release(m);
 }
@@ -1207,8 +1207,9 @@ static void test_throwing_forward(void **state)
     float *x = f32(&t, GR_ROLE_INPUT, 0);
     for (int i = 0; i < 8; i++)
         x[i] = 1e7f;
-    assert_error(gr_graph_replay(t.g, GR_PHASE_FORWARD, NULL), GR_EINTERNAL, "input sum too large");
-    assert_error(gr_graph_replay(t.g, GR_PHASE_BACKWARD, NULL), GR_EPRECOND, NULL);
+    assert_error(gr_graph_replay(t.g, GR_PHASE_FORWARD, NULL, NULL), GR_EINTERNAL,
+                 "input sum too large");
+    assert_error(gr_graph_replay(t.g, GR_PHASE_BACKWARD, NULL, NULL), GR_EPRECOND, NULL);
     for (int i = 0; i < 8; i++)
         x[i] = 0.5f;
     replay_ok(t.g, GR_PHASE_FORWARD);
@@ -1240,7 +1241,7 @@ static void test_call_memory_bound(void **state)
     assert_int_equal(capture(1, &spec, NULL, t), GR_OK);
     assert_int_equal(gr_call_memory_max(64u << 20), GR_OK);
     uint64_t ns = 0;
-    assert_error(gr_graph_replay(t[0].g, GR_PHASE_FORWARD, &ns), GR_ENOMEM,
+    assert_error(gr_graph_replay(t[0].g, GR_PHASE_FORWARD, NULL, &ns), GR_ENOMEM,
                  "max_call_memory_bytes");
     assert_int_equal(gr_call_memory_max(0), GR_OK);
     replay_ok(t[0].g, GR_PHASE_FORWARD);
@@ -1258,6 +1259,126 @@ static void test_call_memory_bound(void **state)
     release(t, 1);
     assert_int_equal(gr_module_release(hungry), GR_OK);
     assert_int_equal(gr_module_release(churn), GR_OK);
+}
+
+/* The device families are one table: a kind graphd knows but this build lacks answers
+ * GR_EUNSUPPORTED with "built without" from every entry point that takes a device (the daemon
+ * answers UNIMPLEMENTED), an unknown kind GR_EINVAL, and the CPU family, which has no device
+ * memory of its own, GR_EUNSUPPORTED naming itself for memory, events and counters. */
+static void unbuilt_family(const char *device, const char *needle, const gr_callable_spec_t *spec)
+{
+    gr_pool_t *pool = NULL;
+    gr_capture_t *c = NULL;
+    void *ptr = NULL;
+    uint8_t handle[GR_IPC_HANDLE_SIZE];
+    gr_event_t *ev = NULL;
+    gr_seq_t *seq = NULL;
+    assert_error(gr_pool_create(device, &pool), GR_EUNSUPPORTED, needle);
+    assert_null(pool);
+    assert_error(gr_capture_prepare(device, 1, spec, NULL, &c), GR_EUNSUPPORTED, needle);
+    assert_null(c);
+    assert_error(gr_device_alloc(device, 4096, &ptr, handle), GR_EUNSUPPORTED, needle);
+    assert_null(ptr);
+    assert_error(gr_device_free(device, handle), GR_EUNSUPPORTED, needle);
+    assert_error(gr_event_create(device, &ev, handle), GR_EUNSUPPORTED, needle);
+    assert_error(gr_event_open(device, handle, &ev), GR_EUNSUPPORTED, needle);
+    assert_null(ev);
+    assert_error(gr_seq_create(device, &seq, handle), GR_EUNSUPPORTED, needle);
+    assert_null(seq);
+}
+
+static void test_family_table(void **state)
+{
+    (void)state;
+    gr_module_t *m = load_model("mlp.pt");
+    const int64_t xs[2] = {16, 16};
+    gr_arg_spec_t arg = f32_arg(2, xs, 0);
+    gr_callable_spec_t spec = {m, NULL, 1, &arg};
+
+    /* No XPU libtorch exists here. */
+    unbuilt_family("xpu:0", "this graphd was built without an XPU libtorch", &spec);
+    unbuilt_family("xpu", "without an XPU libtorch", &spec);
+    /* CUDA: unbuilt in the CPU build; where it is built, the GPU tests cover it. */
+    gr_pool_t *pool = NULL;
+    int rc = gr_pool_create("cuda:0", &pool);
+    if (rc == GR_EUNSUPPORTED)
+        unbuilt_family("cuda:0", "this graphd was built without a CUDA libtorch", &spec);
+    else if (rc == GR_OK)
+        assert_int_equal(gr_pool_destroy(pool), GR_OK);
+    else
+        assert_error(rc, GR_ENOTFOUND, "cuda:0"); /* built, no GPU */
+
+    /* An unknown kind is the caller's mistake, and the message lists the kinds graphd knows. */
+    gr_capture_t *c = NULL;
+    void *ptr = NULL;
+    uint8_t handle[GR_IPC_HANDLE_SIZE];
+    gr_event_t *ev = NULL;
+    gr_seq_t *seq = NULL;
+    assert_error(gr_pool_create("tpu:0", &pool), GR_EINVAL, "unknown device kind 'tpu'");
+    assert_error(gr_capture_prepare("tpu:0", 1, &spec, NULL, &c), GR_EINVAL, "cpu, cuda, xpu");
+    assert_error(gr_device_alloc("tpu:0", 4096, &ptr, handle), GR_EINVAL, "tpu");
+    assert_error(gr_event_create("tpu:0", &ev, handle), GR_EINVAL, "tpu");
+    assert_error(gr_seq_create("tpu:0", &seq, handle), GR_EINVAL, "tpu");
+    assert_error(gr_device_alloc("cpu:x", 4096, &ptr, handle), GR_EINVAL, "malformed");
+    assert_error(gr_device_alloc(NULL, 4096, &ptr, handle), GR_EINVAL, NULL);
+    assert_error(gr_device_alloc("cpu:9", 4096, &ptr, handle), GR_ENOTFOUND, "cpu:9");
+
+    /* The CPU family has no device memory, events or counters of its own. */
+    assert_error(gr_device_alloc("cpu:0", 4096, &ptr, handle), GR_EUNSUPPORTED,
+                 "cpu has no device memory of its own");
+    assert_error(gr_device_alloc("cpu:0", 0, &ptr, handle), GR_EINVAL, "0 bytes");
+    assert_int_equal(gr_device_free("cpu:0", NULL), GR_OK);
+    assert_error(gr_event_create("cpu:0", &ev, handle), GR_EUNSUPPORTED, "cpu has no");
+    assert_error(gr_seq_create("cpu", &seq, handle), GR_EUNSUPPORTED, "cpu has no");
+    assert_int_equal(gr_event_destroy(NULL), GR_OK);
+    assert_int_equal(gr_seq_destroy(NULL), GR_OK);
+    assert_error(gr_seq_skip(NULL, 1), GR_EINVAL, NULL);
+    assert_error(gr_seq_release(NULL), GR_EINVAL, NULL);
+    /* ... nor can it share memory with another process: no device-resident capture. */
+    gr_capture_opts_t opts;
+    gr_capture_opts_init(&opts);
+    opts.resident = 1;
+    assert_error(gr_capture_prepare("cpu:0", 1, &spec, &opts, &c), GR_EINVAL,
+                 "device-resident static tensors need a device with memory of its own");
+    assert_null(c);
+    assert_int_equal(gr_module_release(m), GR_OK);
+}
+
+/* One replay entry point: NULL order replays synchronously; any order needs a device-resident
+ * graph (a CPU graph never is), and an order naming nothing is refused as such. */
+static void test_replay_order(void **state)
+{
+    (void)state;
+    gr_module_t *m = load_model("mlp.pt");
+    const int64_t xs[2] = {16, 16};
+    gr_arg_spec_t arg = f32_arg(2, xs, 1);
+    gr_callable_spec_t spec = {m, NULL, 1, &arg};
+    tgraph_t t;
+    capture_ok("cpu:0", 1, &spec, NULL, &t);
+    uint64_t ns = 0;
+    assert_int_equal(gr_graph_replay(t.g, GR_PHASE_FORWARD, NULL, &ns), GR_OK);
+    assert_true(ns > 0);
+    assert_int_equal(gr_graph_replay(t.g, GR_PHASE_BACKWARD, NULL, NULL), GR_OK);
+
+    gr_order_t none;
+    memset(&none, 0, sizeof none);
+    assert_error(gr_graph_replay(t.g, GR_PHASE_FORWARD, &none, &ns), GR_EINVAL,
+                 "an ordered replay needs a device-resident graph");
+    gr_order_t counted = none;
+    counted.n = 1; /* a number without counters is no order either */
+    assert_error(gr_graph_replay(t.g, GR_PHASE_FORWARD, &counted, NULL), GR_EINVAL,
+                 "device-resident");
+    assert_error(gr_graph_replay(NULL, GR_PHASE_FORWARD, &none, NULL), GR_EINVAL, "NULL graph");
+    /* Nothing ran: the graph is as it was, and a BACKWARD still needs a FORWARD. */
+    gr_graph_info_t info;
+    assert_int_equal(gr_graph_info(t.g, &info), GR_OK);
+    assert_int_equal(info.forward_replays, 1);
+    assert_int_equal(info.forward_pending, 0);
+    assert_error(gr_graph_replay(t.g, GR_PHASE_BACKWARD, NULL, NULL), GR_EPRECOND, "FORWARD");
+    replay_ok(t.g, GR_PHASE_FORWARD);
+    replay_ok(t.g, GR_PHASE_BACKWARD);
+    release(&t, 1);
+    assert_int_equal(gr_module_release(m), GR_OK);
 }
 
 static void test_bad_capture_arguments(void **state)
@@ -1370,9 +1491,9 @@ static void *worker_main(void *arg)
     if ((w->rc = gr_capture_finish(c, &block, &g)) != GR_OK)
         goto out;
     for (int i = 0; i < 5 && w->rc == GR_OK; i++) {
-        w->rc = gr_graph_replay(g, GR_PHASE_FORWARD, NULL);
+        w->rc = gr_graph_replay(g, GR_PHASE_FORWARD, NULL, NULL);
         if (w->rc == GR_OK)
-            w->rc = gr_graph_replay(g, GR_PHASE_BACKWARD, NULL);
+            w->rc = gr_graph_replay(g, GR_PHASE_BACKWARD, NULL, NULL);
     }
     gr_graph_destroy(g);
 out:
@@ -1574,14 +1695,14 @@ static void test_cuda_mlp_training_parity(void **state)
     assert_int_equal(count_role(&t, GR_ROLE_PARAM_GRAD), 6);
 
     /* BACKWARD before any FORWARD is refused, as on the CPU. */
-    assert_error(gr_graph_replay(t.g, GR_PHASE_BACKWARD, NULL), GR_EPRECOND, NULL);
+    assert_error(gr_graph_replay(t.g, GR_PHASE_BACKWARD, NULL, NULL), GR_EPRECOND, NULL);
 
     const double *x = ref("mlp.x", 256), *y = ref("mlp.y", 128);
     const double *losses = ref("mlp.losses", STEPS);
     for (int step = 0; step < STEPS; step++) {
         put(&t, GR_ROLE_INPUT, 0, x);
         uint64_t ns = 0;
-        assert_int_equal(gr_graph_replay(t.g, GR_PHASE_FORWARD, &ns), GR_OK);
+        assert_int_equal(gr_graph_replay(t.g, GR_PHASE_FORWARD, NULL, &ns), GR_OK);
         assert_true(ns > 0);
         double loss = mse_step(&t, y);
         replay_ok(t.g, GR_PHASE_BACKWARD);
@@ -1714,6 +1835,63 @@ static void test_cuda_eval_buffer_writes(void **state)
     if (cuda_count() == 0)
         skip();
     eval_buffer_writes_on("cuda:0", CUDA_REL_TOL);
+}
+
+/* ---- XPU (host-staged only); skipped where the XPU family is not built (every build so far) -- */
+
+static int xpu_built(void)
+{
+    gr_pool_t *pool = NULL;
+    if (gr_pool_create("xpu:0", &pool) != GR_OK)
+        return 0;
+    assert_int_equal(gr_pool_destroy(pool), GR_OK);
+    return 1;
+}
+
+static void test_xpu_batchnorm_buffer_tensors(void **state)
+{
+    (void)state;
+    if (!xpu_built())
+        skip();
+    bn_buffer_tensors_on("xpu:0", CUDA_REL_TOL);
+}
+
+static void test_xpu_expanded_params(void **state)
+{
+    (void)state;
+    if (!xpu_built())
+        skip();
+    expanded_params_on("xpu:0", CUDA_REL_TOL);
+}
+
+static void test_xpu_eval_buffer_writes(void **state)
+{
+    (void)state;
+    if (!xpu_built())
+        skip();
+    eval_buffer_writes_on("xpu:0", CUDA_REL_TOL);
+}
+
+/* torch 2.11 cannot share XPU memory across processes: device-resident XPU captures are refused
+ * with the reason, not attempted. */
+static void test_xpu_resident_refused(void **state)
+{
+    (void)state;
+    if (!xpu_built())
+        skip();
+    gr_module_t *m = load_model("mlp.pt");
+    const int64_t xs[2] = {16, 16};
+    gr_arg_spec_t arg = f32_arg(2, xs, 0);
+    gr_callable_spec_t spec = {m, NULL, 1, &arg};
+    gr_capture_opts_t opts;
+    gr_capture_opts_init(&opts);
+    opts.resident = 1;
+    gr_capture_t *c = NULL;
+    assert_error(gr_capture_prepare("xpu:0", 1, &spec, &opts, &c), GR_EUNSUPPORTED, "torch 2.11");
+    void *ptr = NULL;
+    uint8_t handle[GR_IPC_HANDLE_SIZE];
+    assert_error(gr_device_alloc("xpu:0", 4096, &ptr, handle), GR_EUNSUPPORTED, "xpu has no");
+    assert_int_equal(gr_module_release(m), GR_OK);
 }
 
 /* ---- random ops: the RNG_STATE tensor --------------------------------------------------- */
@@ -1938,7 +2116,7 @@ static void test_rng_state_invalid(void **state)
             break;
         }
         memcpy(wrote, s, RNG_BYTES);
-        assert_error(gr_graph_replay(t.g, GR_PHASE_FORWARD, NULL), GR_EINVAL, needle);
+        assert_error(gr_graph_replay(t.g, GR_PHASE_FORWARD, NULL, NULL), GR_EINVAL, needle);
         assert_memory_equal(wrote, s, RNG_BYTES);
     }
     gr_graph_info_t info;
@@ -1988,7 +2166,7 @@ static void *rng_replayer(void *arg)
         for (size_t i = 0; i < RNG_BYTES; i++)
             s[i] = (uint8_t)state0[i];
         for (int k = 0; k < 2 && w->err[0] == '\0'; k++) {
-            int rc = gr_graph_replay(w->g, GR_PHASE_FORWARD, NULL);
+            int rc = gr_graph_replay(w->g, GR_PHASE_FORWARD, NULL, NULL);
             if (rc != GR_OK) {
                 snprintf(w->err, sizeof w->err, "replay: %s", gr_last_error());
                 break;
@@ -2022,7 +2200,7 @@ static void *rng_capturer(void *arg)
             void *block = aligned_alloc(GR_ALIGN, total);
             rc = gr_capture_finish(c, &block, &g);
             if (rc == GR_OK)
-                rc = gr_graph_replay(g, GR_PHASE_FORWARD, NULL);
+                rc = gr_graph_replay(g, GR_PHASE_FORWARD, NULL, NULL);
             if (g != NULL)
                 gr_graph_destroy(g);
             free(block);
@@ -2093,6 +2271,8 @@ int main(void)
         cmocka_unit_test(test_throwing_forward),
         cmocka_unit_test(test_call_memory_bound),
         cmocka_unit_test(test_bad_capture_arguments),
+        cmocka_unit_test(test_family_table),
+        cmocka_unit_test(test_replay_order),
         cmocka_unit_test(test_concurrent_workers),
         cmocka_unit_test(test_cpu_devices),
         cmocka_unit_test(test_rng_state_tensor),
@@ -2108,6 +2288,10 @@ int main(void)
         cmocka_unit_test(test_cuda_batchnorm_buffer_tensors),
         cmocka_unit_test(test_cuda_eval_buffer_writes),
         cmocka_unit_test(test_cuda_expanded_params),
+        cmocka_unit_test(test_xpu_batchnorm_buffer_tensors),
+        cmocka_unit_test(test_xpu_expanded_params),
+        cmocka_unit_test(test_xpu_eval_buffer_writes),
+        cmocka_unit_test(test_xpu_resident_refused),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

@@ -635,7 +635,7 @@ static int capture_and_replay(const void *bytes, size_t len)
         return 1;
     for (int i = 0; i < 8; i++)
         in[i] = 1.0f;
-    if (gr_graph_replay(g, GR_PHASE_FORWARD, NULL) != GR_OK) {
+    if (gr_graph_replay(g, GR_PHASE_FORWARD, NULL, NULL) != GR_OK) {
         fprintf(stderr, "child: gr_graph_replay: %s\n", gr_last_error());
         return 1;
     }
