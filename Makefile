@@ -175,6 +175,7 @@ $(BUILD)/tests/unit/%: $(BUILD)/obj/tests/unit/%.o $(LIBGD) $(LIBGR) $(LIBPM) $(
 $(BUILD)/tests/unit/test_executor: | $(BUILD)/graphd-executor
 $(BUILD)/tests/unit/test_cgroup: | $(BUILD)/graphd-executor
 $(BUILD)/tests/unit/test_ze_layer: | $(ZE_DRV)
+$(BUILD)/tests/unit/test_client_xpu: | $(ZE_DRV)
 
 $(BUILD)/tests/integration/%: $(BUILD)/obj/tests/integration/%.o $(call obj,$(TESTLIB_SRC)) $(SOCLI)
 	@mkdir -p $(dir $@)
