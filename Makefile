@@ -181,6 +181,12 @@ $(BUILD)/tests/integration/%: $(BUILD)/obj/tests/integration/%.o $(call obj,$(TE
 	@mkdir -p $(dir $@)
 	$(call say,LINK,$@)$(CC) $(LDFLAGS_ALL) -o $@ $(filter %.o,$^) -L$(BUILD) -Wl,-rpath,'$$ORIGIN/../..' -lgraphd $(LDLIBS_ALL) -lcmocka
 
+# test_xpu maps the daemon's xpu regions itself, through the Level Zero layer (libgr's ze_layer.o),
+# and runs graphd with the test driver.
+$(BUILD)/tests/integration/test_xpu: $(BUILD)/obj/tests/integration/test_xpu.o $(call obj,$(TESTLIB_SRC)) $(LIBGR) $(SOCLI) | $(ZE_DRV) $(BUILD)/graphd
+	@mkdir -p $(dir $@)
+	$(call say,LINK,$@)$(CXX) $(LDFLAGS_ALL) -o $@ $(filter %.o %.a,$^) -L$(BUILD) -Wl,-rpath,'$$ORIGIN/../..' -lgraphd $(RT_LIBS) $(ZE_LIBS) $(LDLIBS_ALL) -lcmocka
+
 $(BUILD)/bench/%: $(BUILD)/obj/bench/%.o $(LIBGR) $(SOCLI)
 	@mkdir -p $(dir $@)
 	$(call say,LINK,$@)$(CXX) $(LDFLAGS_ALL) -o $@ $(filter %.o %.a,$^) -L$(BUILD) -Wl,-rpath,'$$ORIGIN/..' -lgraphd $(RT_LIBS) $(LDLIBS_ALL)

@@ -543,7 +543,13 @@ void gd_rpc_capture(void *ctx, gd_call_t *call, const ProtobufCMessage *msg)
     }
     pm_pool_info_t pinfo;
     pm_pool_info(pool, &pinfo);
-    if (req->device_resident && strncmp(pinfo.device, "cuda:", 5) != 0) {
+    const gd_family_t *fam = gd_family_of(pinfo.device);
+    if (fam != NULL && !fam->graphs) { /* before any executor starts */
+        gd_call_fail(call, GD_UNIMPLEMENTED, "pool '%s' is on %s: %s", pool_name, pinfo.device,
+                     fam->no_graphs);
+        return;
+    }
+    if (req->device_resident && (fam == NULL || !fam->resident)) {
         gd_call_fail(call, GD_INVALID_ARGUMENT,
                      "device_resident needs a pool on a cuda device; pool '%s' is on %s", pool_name,
                      pinfo.device);

@@ -21,100 +21,119 @@
 
 const gd_setting_t gd_settings[] = {
     {"listen", GD_CFG_STRING, FIELD(listen), GD_DEFAULT_LISTEN, 0, 0, false,
-     "control-plane address: unix:PATH, or host:port (TCP needs tls_cert and tls_key)"},
+     "control-plane address: unix:PATH, or host:port (TCP needs tls_cert and tls_key)", NULL},
     {"session_socket", GD_CFG_STRING, FIELD(session_socket), "", 0, 0, false,
-     "data-plane socket path (default: the listen path with .session appended)"},
+     "data-plane socket path (default: the listen path with .session appended)", NULL},
     {"socket_group", GD_CFG_STRING, FIELD(socket_group), "graphd", 0, 0, false,
-     "group given access to the sockets, when it exists"},
+     "group given access to the sockets, when it exists", NULL},
     {"socket_mode", GD_CFG_OCTAL, FIELD(socket_mode), "0660", 0, 0777, false,
-     "permission bits of the sockets"},
+     "permission bits of the sockets", NULL},
     {"tls_cert", GD_CFG_STRING, FIELD(tls_cert), "", 0, 0, false,
-     "PEM certificate chain for a TCP listener"},
+     "PEM certificate chain for a TCP listener", NULL},
     {"tls_key", GD_CFG_STRING, FIELD(tls_key), "", 0, 0, false,
-     "PEM private key for a TCP listener"},
+     "PEM private key for a TCP listener", NULL},
     {"log_level", GD_CFG_LOG_LEVEL, FIELD(log_level), "info", 0, 3, true,
-     "error, warn, info or debug"},
+     "error, warn, info or debug", NULL},
     {"max_message_bytes", GD_CFG_BYTES, FIELD(max_message_bytes), "64Mi", 1 * KiB, 2 * GiB - 1,
-     false, "largest gRPC message accepted"},
+     false, "largest gRPC message accepted", NULL},
     {"max_region_bytes", GD_CFG_BYTES, FIELD(max_region_bytes), "64Gi", 4 * KiB, 16 * TiB, true,
-     "largest single shared region"},
+     "largest single shared region", NULL},
     {"default_pool_limit", GD_CFG_BYTES, FIELD(default_pool_limit), "0", 0, 16 * TiB * 64, true,
-     "byte limit of pools created without one (0: none)"},
+     "byte limit of pools created without one (0: none)", NULL},
     {"default_pool", GD_CFG_STRING, FIELD(default_pool), "default", 0, 0, false,
-     "pool created on cpu:0 at start and used when a request names none (empty: none)"},
+     "pool created on cpu:0 at start and used when a request names none (empty: none)", NULL},
     {"max_sessions", GD_CFG_UINT, FIELD(max_sessions), "1024", 1, 1000000, true,
-     "most client sessions at once"},
+     "most client sessions at once", NULL},
     {"max_sessions_per_uid", GD_CFG_UINT, FIELD(max_sessions_per_uid), "256", 1, 1000000, true,
-     "most attached sessions of one uid at once (checked at ATTACH, when the uid is known)"},
+     "most attached sessions of one uid at once (checked at ATTACH, when the uid is known)", NULL},
     {"max_pools_per_uid", GD_CFG_UINT, FIELD(max_pools_per_uid), "64", 0, 1000000, true,
-     "most pools one uid may own (the default pool not counted)"},
+     "most pools one uid may own (the default pool not counted)", NULL},
     {"max_graphs_per_session", GD_CFG_UINT, FIELD(max_graphs_per_session), "1024", 1, 1000000, true,
-     "most graphs one session may hold, captures in flight included"},
+     "most graphs one session may hold, captures in flight included", NULL},
     {"max_regions_per_session", GD_CFG_UINT, FIELD(max_regions_per_session), "4096", 1, 1000000,
-     true, "most regions one session may hold, its graphs' static regions included"},
+     true, "most regions one session may hold, its graphs' static regions included", NULL},
     {"attach_timeout_ms", GD_CFG_UINT, FIELD(attach_timeout_ms), "10000", 100, 3600000, true,
-     "how long a new session may take to attach its session socket"},
+     "how long a new session may take to attach its session socket", NULL},
     {"shutdown_grace_ms", GD_CFG_UINT, FIELD(shutdown_grace_ms), "5000", 0, 600000, true,
-     "how long SIGTERM waits for in-flight calls before cancelling them"},
+     "how long SIGTERM waits for in-flight calls before cancelling them", NULL},
     {"inline_module_max_bytes", GD_CFG_BYTES, FIELD(inline_module_max_bytes), "4Mi", 0, 1 * GiB,
-     true, "largest module archive accepted inline in a RegisterModule request"},
+     true, "largest module archive accepted inline in a RegisterModule request", NULL},
     {"max_module_unpacked_bytes", GD_CFG_BYTES, FIELD(max_module_unpacked_bytes), "4Gi", 1 * MiB,
      1 * TiB, false,
      "largest total a module archive's files may unpack to (checked in its ZIP directory "
-     "before loading)"},
+     "before loading)",
+     NULL},
     {"max_call_memory_bytes", GD_CFG_BYTES, FIELD(max_call_memory_bytes), "0", 0, 1 * TiB * 64,
      false,
      "host memory one capture or replay may hold through libtorch at once; past it that call "
-     "fails with RESOURCE_EXHAUSTED (0: half the machine's memory)"},
+     "fails with RESOURCE_EXHAUSTED (0: half the machine's memory)",
+     NULL},
     {"executor_path", GD_CFG_STRING, FIELD(executor_path), "", 0, 0, false,
      "the graphd-executor binary that runs module code (empty: beside graphd, else "
-     "../libexec/graphd/ from it)"},
+     "../libexec/graphd/ from it)",
+     NULL},
     {"executor_sandbox", GD_CFG_UINT, FIELD(executor_sandbox), "1", 0, 1, false,
      "1: executors enter Landlock and seccomp before loading any module; 0: they do not "
-     "(only for debugging: module code can then read what the daemon's user can)"},
+     "(only for debugging: module code can then read what the daemon's user can)",
+     NULL},
     {"max_load_ms", GD_CFG_UINT, FIELD(max_load_ms), "120000", 0, 86400000, true,
      "longest a module load may take in its executor; past it the executor is killed and the "
-     "call fails with DEADLINE_EXCEEDED (0: no bound)"},
+     "call fails with DEADLINE_EXCEEDED (0: no bound)",
+     NULL},
     {"max_capture_ms", GD_CFG_UINT, FIELD(max_capture_ms), "600000", 0, 86400000, true,
      "longest one capture step (warm-up and layout, or the capture itself) may take; past it "
-     "the executor is killed and the call fails with DEADLINE_EXCEEDED (0: no bound)"},
+     "the executor is killed and the call fails with DEADLINE_EXCEEDED (0: no bound)",
+     NULL},
     {"max_replay_ms", GD_CFG_UINT, FIELD(max_replay_ms), "60000", 0, 86400000, true,
      "longest one replay may take; past it the tenant's executor on that device is killed, "
      "the replay fails with DEADLINE_EXCEEDED and the tenant's graphs there are gone (0: no "
-     "bound)"},
+     "bound)",
+     NULL},
     {"max_executor_memory_bytes", GD_CFG_BYTES, FIELD(max_executor_memory_bytes), "0", 0,
      1 * TiB * 64, true,
      "resident memory one executor (one uid on one device) may hold; past it the watchdog "
      "kills it and its call fails with RESOURCE_EXHAUSTED (0: three quarters of the machine's "
-     "memory); also its cgroup's memory.max where executor_cgroup applies"},
+     "memory); also its cgroup's memory.max where executor_cgroup applies",
+     NULL},
     {"executor_cgroup", GD_CFG_UINT, FIELD(executor_cgroup), "1", 0, 1, false,
      "1: where the daemon has a delegated cgroup v2 (systemd Delegate=yes), each executor gets "
      "a child cgroup with memory.max = max_executor_memory_bytes, and the kernel kills it past "
-     "that (RESOURCE_EXHAUSTED); 0, or no delegated cgroup: the RSS watchdog"},
+     "that (RESOURCE_EXHAUSTED); 0, or no delegated cgroup: the RSS watchdog",
+     NULL},
     {"cpu_devices", GD_CFG_UINT, FIELD(cpu_devices), "1", 1, 8, false,
      "logical CPU devices cpu:0..cpu:N-1, each with its own worker thread and pools (a split of "
      "the queues, not of the cores: all share the host's cores and libtorch's intra-op "
-     "threading, whose intra_op_threads is process-wide)"},
+     "threading, whose intra_op_threads is process-wide)",
+     NULL},
     {"intra_op_threads", GD_CFG_UINT, FIELD(intra_op_threads), "0", 0, 1024, false,
-     "libtorch intra-op threads per device worker (0: libtorch's default)"},
+     "libtorch intra-op threads per device worker (0: libtorch's default)", NULL},
     {"worker_spin_us", GD_CFG_UINT, FIELD(worker_spin_us), "50", 0, 100000, false,
      "how long an idle device worker polls for the next job before sleeping (lower replay "
-     "latency for a core's time; 0 on hosts with fewer than 4 CPUs)"},
+     "latency for a core's time; 0 on hosts with fewer than 4 CPUs)",
+     NULL},
     {"worker_idle_ms", GD_CFG_UINT, FIELD(worker_idle_ms), "10000", 0, 86400000, false,
      "how long the worker thread of an executor (one per uid and device) waits for a job before "
-     "it exits; the next job starts it again (0: threads never exit)"},
+     "it exits; the next job starts it again (0: threads never exit)",
+     NULL},
     {"replay_spin_us", GD_CFG_UINT, FIELD(replay_spin_us), "2000", 0, 100000, false,
      "after a device-resident replay, how long the event loop and the device's worker poll for "
      "the next one before sleeping: a training step's next replay comes hundreds of "
      "microseconds later, and each sleeping thread takes tens of microseconds to wake (a core "
-     "each while a GPU trains; 0 on hosts with fewer than 4 CPUs)"},
+     "each while a GPU trains; 0 on hosts with fewer than 4 CPUs)",
+     NULL},
     {"reply_buffer_max_bytes", GD_CFG_BYTES, FIELD(reply_buffer_max_bytes), "1Mi", 4 * KiB, 1 * GiB,
      false,
      "replies a session socket may hold unsent because its client does not read them (beyond "
-     "the kernel's socket buffer); a client past it is disconnected and its session ended"},
+     "the kernel's socket buffer); a client past it is disconnected and its session ended",
+     NULL},
     {"max_queued_replays", GD_CFG_UINT, FIELD(max_queued_replays), "4096", 1, 100000000, true,
      "replays one session may have queued on one device and not yet started; the next is "
-     "answered RESOURCE_EXHAUSTED"},
+     "answered RESOURCE_EXHAUSTED",
+     NULL},
+    {"xpu", GD_CFG_CHOICE, FIELD(xpu), "auto", 0, 1, false,
+     "auto: list the Intel GPUs (xpu:N) that a Level Zero driver finds; off: do not open Level "
+     "Zero at all",
+     "auto|off"},
 };
 const size_t gd_settings_count = sizeof gd_settings / sizeof gd_settings[0];
 
@@ -201,6 +220,20 @@ int gd_config_set(gd_config_t *cfg, const gd_setting_t *s, const char *value, ch
         *(uint64_t *)field = (uint64_t)level;
         return 0;
     }
+    case GD_CFG_CHOICE: {
+        const char *w = s->choices;
+        for (uint64_t i = 0; w != NULL && *w; i++) {
+            size_t n = strcspn(w, "|");
+            if (strlen(value) == n && strncmp(w, value, n) == 0) {
+                *(uint64_t *)field = i;
+                return 0;
+            }
+            w += n + (w[n] == '|');
+        }
+        snprintf(err, errlen, "%s: '%s' is not one of %s", s->name, value,
+                 s->choices ? s->choices : "");
+        return -1;
+    }
     case GD_CFG_UINT:
     case GD_CFG_OCTAL:
         errno = 0;
@@ -241,6 +274,13 @@ void gd_config_format(const gd_config_t *cfg, const gd_setting_t *s, char *buf, 
     case GD_CFG_OCTAL:
         snprintf(buf, len, "0%03" PRIo64, *(const uint64_t *)field);
         break;
+    case GD_CFG_CHOICE: {
+        const char *w = s->choices ? s->choices : "";
+        for (uint64_t i = *(const uint64_t *)field; i > 0 && *w; i--)
+            w += strcspn(w, "|") + (w[strcspn(w, "|")] == '|');
+        snprintf(buf, len, "%.*s", (int)strcspn(w, "|"), w);
+        break;
+    }
     default:
         snprintf(buf, len, "%" PRIu64, *(const uint64_t *)field);
     }

@@ -50,14 +50,18 @@ typedef struct gd_config {
     uint64_t replay_spin_us;
     uint64_t reply_buffer_max_bytes;
     uint64_t max_queued_replays;
+    uint64_t xpu; /* GD_XPU_AUTO or GD_XPU_OFF */
 } gd_config_t;
+
+enum { GD_XPU_AUTO = 0, GD_XPU_OFF = 1 };
 
 typedef enum {
     GD_CFG_STRING,
     GD_CFG_UINT,
     GD_CFG_BYTES,
     GD_CFG_OCTAL,
-    GD_CFG_LOG_LEVEL
+    GD_CFG_LOG_LEVEL,
+    GD_CFG_CHOICE /* one word of the setting's choices, stored as its index */
 } gd_cfg_type_t;
 
 typedef struct gd_setting {
@@ -68,6 +72,7 @@ typedef struct gd_setting {
     uint64_t min, max; /* numeric bounds, inclusive */
     bool reloadable;
     const char *help;
+    const char *choices; /* GD_CFG_CHOICE: the words, '|'-separated ("auto|off") */
 } gd_setting_t;
 
 /* Command-line values, kept so that a reload applies them over the file again. */

@@ -12,6 +12,7 @@
 #include "rpc.h"
 #include "stats.h"
 #include "worker.h"
+#include "ze_layer.h"
 
 #include <stdbool.h>
 #include <stdint.h>
@@ -29,8 +30,43 @@ typedef struct gd_device {
     char name[128];
     uint64_t memory_total, memory_free;
     char compute_capability[16];
-    bool mps; /* CUDA: the daemon's contexts go through an MPS server (gr_cuda_mps_pipe) */
+    bool mps;      /* CUDA: the daemon's contexts go through an MPS server (gr_cuda_mps_pipe) */
+    char uuid[33]; /* xpu: 32 hex digits */
+    uint32_t compute_units, max_clock_mhz;
+    char driver[96];
+    bool telemetry;        /* the family reads telemetry (xpu): tel is what was last read */
+    uint64_t tel_unix_ms;  /* when tel was read; 0: not yet */
+    gr_ze_telemetry_t tel; /* read off the loop (xpu.c), copied here on the loop */
+    bool warned_wedged, warned_health;
 } gd_device_t;
+
+/*
+ * A device family as the daemon sees it (family.c): one row per kind, so that adding a family is
+ * one row here plus its device layer. What differs between families is read from the row, never
+ * from a "cuda" string test.
+ */
+typedef enum {
+    GD_DEVMEM_NONE,     /* no device memory regions (cpu) */
+    GD_DEVMEM_EXECUTOR, /* allocated in the tenant's executor (gr_device_alloc; cuda) */
+    GD_DEVMEM_ZE        /* allocated by the daemon through the Level Zero layer (xpu) */
+} gd_devmem_t;
+typedef struct gd_family {
+    const char *kind;      /* "cuda" */
+    unsigned wire;         /* enum graphd_device_family: its code in frames */
+    bool graphs;           /* this build captures and replays graphs on it */
+    const char *no_graphs; /* !graphs: why, for the UNIMPLEMENTED answer */
+    bool resident;         /* device_resident captures (static tensors in device memory) */
+    gd_devmem_t memory;    /* who allocates AllocRegion's device memory */
+    bool ordering;         /* EVENTS / SEQ frames, ordered and posted replays */
+    bool mps_check;        /* warn at start when no MPS server serves the daemon's contexts */
+} gd_family_t;
+/* The row of a kind ("cuda") or device ("cuda:0"); NULL for a family the daemon does not know. */
+const gd_family_t *gd_family_of(const char *kind_or_device);
+/* The row whose wire code is wire; NULL for none. */
+const gd_family_t *gd_family_of_wire(unsigned wire);
+/* A frame's GRAPHD_DEVICE_CODE as "kind:index" into buf; *fam gets the family's row. false (buf
+ * holds a description for the error message) for a code of no known family or above one byte. */
+bool gd_device_code_name(uint64_t code, char *buf, size_t len, const gd_family_t **fam);
 
 typedef struct gd_conn gd_conn_t;
 typedef struct gd_wire gd_wire_t;
@@ -72,6 +108,10 @@ typedef struct gd_daemon {
 
     gd_device_t devices[GD_MAX_DEVICES];
     size_t ndevices;
+    gr_ze_t *ze;         /* the Level Zero layer (xpu.c); NULL: xpu = off, or no driver */
+    uv_timer_t xpu_tick; /* reads xpu telemetry off the loop */
+    bool xpu_tick_on;
+    bool xpu_reading;     /* a telemetry read is in flight */
     gd_workers_t workers; /* one per executor: (uid, device) */
 
     struct gd_exec_host *exec; /* the executors that run module code (exec.h) */
@@ -201,6 +241,30 @@ void gd_direct_frame(gd_daemon_t *d, gd_session_t *s, gd_wire_t *wire, const gra
 void gd_direct_session_ended(gd_session_t *s);
 /* For the watchdog's tick: shuts down the connections whose executor was killed or died. */
 void gd_direct_watch(gd_daemon_t *d);
+
+/* xpu.c: xpu:N devices through the Level Zero layer (graph_runtime/ze_layer.h). */
+/* In main, before any thread starts (gr_ze_open may setenv): opens the layer unless xpu = off;
+ * without a driver logs one info line saying why no xpu device is listed. */
+void gd_xpu_open(gd_daemon_t *d);
+/* Appends the layer's devices to d->devices (gd_devices_discover). */
+void gd_xpu_discover(gd_daemon_t *d);
+/* Starts reading telemetry every GD_XPU_TELEMETRY_MS on libuv's thread pool. */
+void gd_xpu_start(gd_daemon_t *d);
+/* After the loop has ended: closes the layer. */
+void gd_xpu_close(gd_daemon_t *d);
+/* Allocates size bytes on xpu device index off the loop (gr_ze_alloc), zero-filled before it is
+ * handed out (fresh device memory may hold another tenant's data); done runs on the loop with
+ * rc (a gr_err_t), the layer's message, and on success the pointer, the export's fd (the callee
+ * owns it) and handle. -1 when the work could not be queued (nothing runs). */
+typedef void (*gd_xpu_alloc_done_fn)(void *ctx, int rc, const char *msg, void *ptr, int fd,
+                                     const uint8_t *ipc);
+int gd_xpu_alloc(gd_daemon_t *d, unsigned index, uint64_t size, gd_xpu_alloc_done_fn done,
+                 void *ctx);
+/* Frees an allocation of gd_xpu_alloc off the loop, and closes fd (-1: none). */
+void gd_xpu_free(gd_daemon_t *d, const char *device, void *ptr, int fd);
+/* The gRPC status for a layer error: RESOURCE_EXHAUSTED for GR_ENOMEM, UNAVAILABLE for GR_ELOST,
+ * FAILED_PRECONDITION for GR_EUNSUPPORTED, else gr_err_grpc's. */
+int gd_xpu_grpc(int rc);
 
 /* devices.c: devices[0..cpu_devices-1] are cpu:0..cpu:N-1, then come the accelerators. */
 void gd_devices_discover(gd_daemon_t *d);

@@ -76,7 +76,7 @@ void gd_devices_discover(gd_daemon_t *d)
     size_t n = GD_MAX_DEVICES - d->ndevices;
     if (gr_devices(&n, acc) != GR_OK) {
         gd_warn("device discovery: %s", gr_last_error());
-        return;
+        n = 0;
     }
     for (size_t i = 0; i < n; i++) {
         gd_device_t *dev = &d->devices[d->ndevices++];
@@ -93,6 +93,7 @@ void gd_devices_discover(gd_daemon_t *d)
         dev->memory_free = acc[i].free_bytes;
         dev->mps = acc[i].mps != 0;
     }
+    gd_xpu_discover(d); /* xpu:N, through the Level Zero layer opened in main */
 }
 
 void gd_devices_refresh(gd_daemon_t *d)

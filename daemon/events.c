@@ -37,7 +37,7 @@ _Static_assert(GR_SEQ_BYTES == GRAPHD_SEQ_BYTES && GR_SEQ_READY_OFFSET == GRAPHD
 
 struct gd_order {
     gd_order_kind_t kind;
-    char device[32];     /* "cuda:0" */
+    char device[32];     /* "cuda:0" (a family with ordering primitives) */
     gd_worker_t *worker; /* x's */
     uint64_t session;    /* whose queue its jobs go to (worker.h) */
     gd_exec_t *x;        /* the session's uid's executor on the device */
@@ -166,12 +166,24 @@ void gd_order_frame(gd_daemon_t *d, gd_session_t *s, gd_wire_t *wire, const grap
                     const uint8_t *payload)
 {
     gd_order_kind_t kind = f->type == GRAPHD_FRAME_EVENTS ? GD_ORDER_EVENTS : GD_ORDER_SEQ;
-    char device[32];
-    snprintf(device, sizeof device, "cuda:%llu", (unsigned long long)f->id);
-    char msg[96];
+    char device[96];
+    char msg[192];
+    const gd_family_t *fam = NULL;
+    if (!gd_device_code_name(f->id, device, sizeof device, &fam)) {
+        snprintf(msg, sizeof msg, "no device: %s", device);
+        send_reply(wire, kind, f->seq, f->id, GD_INVALID_ARGUMENT, msg, NULL);
+        return;
+    }
     if (gd_device_find(d, device) == NULL) {
         snprintf(msg, sizeof msg, "no device %s", device);
         send_reply(wire, kind, f->seq, f->id, GD_NOT_FOUND, msg, NULL);
+        return;
+    }
+    if (!fam->ordering) {
+        snprintf(msg, sizeof msg,
+                 "%s has no %s in this graphd: ordered and posted replays are for cuda devices",
+                 device, kind_name(kind));
+        send_reply(wire, kind, f->seq, f->id, GD_UNIMPLEMENTED, msg, NULL);
         return;
     }
     if (gd_order_find(s, device, kind) != NULL) {
@@ -195,7 +207,7 @@ void gd_order_frame(gd_daemon_t *d, gd_session_t *s, gd_wire_t *wire, const grap
         send_reply(wire, kind, f->seq, f->id, GD_RESOURCE_EXHAUSTED, "out of memory", NULL);
         return;
     }
-    snprintf(o->device, sizeof o->device, "%s", device);
+    snprintf(o->device, sizeof o->device, "%.31s", device);
     o->worker = w;
     o->session = s->id;
     j->o = o;

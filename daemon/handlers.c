@@ -340,18 +340,87 @@ static void devregion_alloc_done(gd_job_t *job)
     free(op);
 }
 
+/* AllocRegion with device on an xpu pool: allocated and zero-filled by the daemon through the
+ * Level Zero layer, off the loop (gd_xpu_alloc), and registered here with the export's fd, which
+ * the MAP reply passes (SCM_RIGHTS) beside the handle. The pool's limit is checked before the
+ * allocation and again at registration, as for cuda. */
+typedef struct {
+    gd_daemon_t *d;
+    gd_call_t *call;
+    uint64_t session;
+    char pool[PM_NAME_MAX + 1];
+    char device[32];
+    uint64_t size;
+} xregion_op_t;
+
+static void xregion_done(void *ctx, int rc, const char *msg, void *ptr, int fd, const uint8_t *ipc)
+{
+    xregion_op_t *op = ctx;
+    gd_daemon_t *d = op->d;
+    if (rc != GR_OK) {
+        gd_call_fail(op->call, gd_xpu_grpc(rc), "device memory on %s (%llu bytes): %s", op->device,
+                     (unsigned long long)op->size, msg);
+        free(op);
+        return;
+    }
+    gd_session_t *s = gd_session_find(d, op->session);
+    pm_pool_t *p = pm_pool_find(d->pools, op->pool);
+    pm_region_t *r = NULL;
+    if (s == NULL || p == NULL)
+        gd_call_fail(op->call, GD_NOT_FOUND, "%s during the allocation",
+                     s ? "the pool was deleted" : "the session ended");
+    else {
+        int prc = pm_region_alloc_device_fd(p, s->id, op->size, ptr, ipc, fd, &r);
+        if (prc != PM_OK)
+            alloc_fail(op->call, p, prc, op->size);
+    }
+    if (r == NULL) { /* still ours */
+        gd_xpu_free(d, op->device, ptr, fd);
+        free(op);
+        return;
+    }
+    pm_region_set_tag(r, GD_REGION_TAG_DEVICE_BUFFER);
+    gd_debug("session %llu: %s region %llu (%llu bytes) in pool %s", (unsigned long long)s->id,
+             op->device, (unsigned long long)pm_region_id(r), (unsigned long long)op->size,
+             op->pool);
+    alloc_reply(op->call, r);
+    free(op);
+}
+
+static void alloc_xpu_region(gd_daemon_t *d, gd_call_t *call, gd_session_t *s,
+                             const pm_pool_info_t *info, const gd_device_t *dev, uint64_t size)
+{
+    xregion_op_t *op = calloc(1, sizeof *op);
+    if (op == NULL) {
+        gd_call_fail(call, GD_INTERNAL, "out of memory");
+        return;
+    }
+    op->d = d;
+    op->call = call;
+    op->session = s->id;
+    snprintf(op->pool, sizeof op->pool, "%s", info->name);
+    snprintf(op->device, sizeof op->device, "%s", dev->id);
+    op->size = size;
+    if (gd_xpu_alloc(d, dev->ordinal, size, xregion_done, op) != 0) {
+        free(op);
+        gd_call_fail(call, GD_INTERNAL, "cannot queue the allocation on %s", dev->id);
+    }
+}
+
 static void alloc_device_region(gd_daemon_t *d, gd_call_t *call, gd_session_t *s, pm_pool_t *p,
                                 uint64_t size)
 {
     pm_pool_info_t info;
     pm_pool_info(p, &info);
-    if (strncmp(info.device, "cuda:", 5) != 0) {
+    const gd_family_t *fam = gd_family_of(info.device);
+    if (fam == NULL || fam->memory == GD_DEVMEM_NONE) {
         gd_call_fail(call, GD_INVALID_ARGUMENT,
-                     "device memory needs a pool on a cuda device; pool '%s' is on %s", info.name,
-                     info.device);
+                     "device memory needs a pool on a cuda or xpu device; pool '%s' is on %s",
+                     info.name, info.device);
         return;
     }
-    if (gd_device_find(d, info.device) == NULL) {
+    const gd_device_t *dev = gd_device_find(d, info.device);
+    if (dev == NULL) {
         gd_call_fail(call, GD_FAILED_PRECONDITION, "pool '%s' is on %s, which has no worker",
                      info.name, info.device);
         return;
@@ -359,6 +428,10 @@ static void alloc_device_region(gd_daemon_t *d, gd_call_t *call, gd_session_t *s
     int rc = pm_pool_check_size(p, size);
     if (rc != PM_OK) {
         alloc_fail(call, p, rc, size);
+        return;
+    }
+    if (fam->memory == GD_DEVMEM_ZE) {
+        alloc_xpu_region(d, call, s, &info, dev, size);
         return;
     }
     devregion_op_t *op = calloc(1, sizeof *op);

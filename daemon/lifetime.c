@@ -66,6 +66,11 @@ static void devfree_run(gd_job_t *job)
 static void device_free_hook(void *ctx, const char *device, void *ptr, uint64_t size)
 {
     gd_daemon_t *d = ctx;
+    const gd_family_t *fam = gd_family_of(device);
+    if (fam != NULL && fam->memory == GD_DEVMEM_ZE) { /* the daemon's own (xpu.c) */
+        gd_xpu_free(d, device, ptr, -1);
+        return;
+    }
     /* Only the executor that allocated the block can use it (it is in that one's address space):
      * its worker's jobs are the ones to follow. */
     gd_worker_t *w = gd_workers_find(&d->workers, gd_exec_block_exec(ptr));

@@ -211,7 +211,8 @@ static int start(gd_daemon_t *d)
     for (size_t i = 0; i < d->ndevices; i++) {
         const gd_device_t *dev = &d->devices[i];
         gd_info("device %s: %s", dev->id, dev->name);
-        if (strcmp(dev->kind, "cuda") != 0)
+        const gd_family_t *fam = gd_family_of(dev->kind);
+        if (fam == NULL || !fam->mps_check)
             continue;
         /* Without MPS every cross-process CUDA dependency switches GPU contexts (~320 us vs ~55 us
          * for an ordered replay on an H200): worth a warning for each GPU served. */
@@ -228,6 +229,7 @@ static int start(gd_daemon_t *d)
     }
     if (gd_graphs_start(d) != 0)
         return -1;
+    gd_xpu_start(d);
     if (d->cfg.default_pool[0]) {
         /* The daemon's own, public: every session may use it, none but an admin owns it. */
         pm_pool_t *p = NULL;
@@ -294,6 +296,8 @@ int main(int argc, char **argv)
         return 2;
     }
     gd_log_set_level((int)d->cfg.log_level);
+    /* Before any thread exists: gr_ze_open may setenv(ZES_ENABLE_SYSMAN). */
+    gd_xpu_open(d);
     d->loop = uv_default_loop();
     d->started_unix_ms = gd_now_unix_ms();
     d->started_mono_ms = gd_now_mono_ms();
@@ -322,6 +326,7 @@ int main(int argc, char **argv)
     if (busy != 0)
         gd_warn("loop closed with handles open: %s", uv_strerror(busy));
     rc = pm_manager_destroy(d->pools);
+    gd_xpu_close(d); /* after the regions: their frees ran on the loop's thread pool */
     if (rc != PM_OK)
         gd_warn("pool manager: %s at exit", pm_strerror(rc));
     gd_config_free(&d->cfg);

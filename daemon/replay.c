@@ -233,12 +233,13 @@ static void replay_posted(gd_daemon_t *d, gd_session_t *s, gd_wire_t *wire, cons
                           uint64_t t0)
 {
     const uint64_t phase = f->arg & GRAPHD_REPLAY_PHASE_MASK;
-    const unsigned index =
-        (unsigned)((f->arg >> GRAPHD_REPLAY_DEVICE_SHIFT) & GRAPHD_REPLAY_DEVICE_MASK);
+    const uint64_t code = (f->arg >> GRAPHD_REPLAY_DEVICE_SHIFT) & GRAPHD_REPLAY_DEVICE_MASK;
     const uint64_t n = f->arg >> GRAPHD_REPLAY_SEQ_SHIFT;
     const uint64_t flags = f->arg & GRAPHD_REPLAY_FLAGS_MASK;
-    char device[32], msg[256];
-    snprintf(device, sizeof device, "cuda:%u", index);
+    char device[96], msg[256];
+    /* An unknown code finds no counters below, and so ends the session like any posted replay
+     * the daemon cannot take in sequence. */
+    (void)gd_device_code_name(code, device, sizeof device, NULL);
     gd_order_t *q = gd_order_find(s, device, GD_ORDER_SEQ);
     if (q == NULL || !gd_order_take(q, n)) {
         if (q == NULL)

@@ -144,7 +144,8 @@ static void on_map(gd_conn_t *c, const graphd_frame_t *f)
     else if (pm_region_owner(r) != c->session->id)
         rc = reply(c, f, GD_PERMISSION_DENIED, 0, "region belongs to another session", -1);
     else if (pm_region_is_device(r)) {
-        /* Device memory: its CUDA IPC handle as the payload, its size in arg, no descriptor. */
+        /* Device memory: its IPC handle as the payload, its size in arg; a descriptor where the
+         * family's export has one (xpu: the allocation's dma-buf/memfd fd, SCM_RIGHTS). */
         graphd_frame_t out = {.magic = GRAPHD_FRAME_MAGIC,
                               .version = GRAPHD_FRAME_VERSION,
                               .type = (uint16_t)(f->type | GRAPHD_FRAME_REPLY),
@@ -152,7 +153,8 @@ static void on_map(gd_conn_t *c, const graphd_frame_t *f)
                               .id = f->id,
                               .arg = pm_region_size(r),
                               .status = GD_OK};
-        rc = gd_wire_send_bytes(c->wire, &out, pm_region_ipc_handle(r), PM_IPC_HANDLE_SIZE, -1);
+        rc = gd_wire_send_bytes(c->wire, &out, pm_region_ipc_handle(r), PM_IPC_HANDLE_SIZE,
+                                pm_region_fd(r));
     } else
         rc = reply(c, f, GD_OK, pm_region_mapped_size(r), NULL, pm_region_fd(r));
     if (rc != 0)

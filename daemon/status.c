@@ -179,7 +179,28 @@ void gd_graphs_status_free(Graphd__V1__StatusReply *rep)
 
 /* ---- devices and pools (also ListDevices, ListPools, CreatePool) --------- */
 
-static void fill_device(Graphd__V1__Device *m, const gd_device_t *dev)
+static void fill_telemetry(Graphd__V1__DeviceTelemetry *t, const gd_device_t *dev)
+{
+    graphd__v1__device_telemetry__init(t);
+    t->read_unix_ms = dev->tel_unix_ms;
+    if (dev->tel_unix_ms == 0)
+        return; /* not read yet: everything absent */
+    const gr_ze_telemetry_t *z = &dev->tel;
+    t->have_memory = z->have_memory != 0;
+    t->memory_free = z->have_memory ? z->mem_free_bytes : 0;
+    t->memory_total = z->have_memory ? z->mem_total_bytes : 0;
+    t->have_engine = z->have_engine != 0;
+    t->engine_active_us = z->have_engine ? z->engine_active_us : 0;
+    t->have_utilisation = z->have_utilisation != 0;
+    t->utilisation = z->have_utilisation ? z->utilisation : 0;
+    t->memory_health = (char *)(z->have_health && z->mem_health_name ? z->mem_health_name : "");
+    t->have_reset = z->have_reset != 0;
+    t->wedged = z->have_reset && z->wedged;
+}
+
+/* tel: storage for the device's telemetry, used when its family reads one. */
+static void fill_device(Graphd__V1__Device *m, const gd_device_t *dev,
+                        Graphd__V1__DeviceTelemetry *tel)
 {
     graphd__v1__device__init(m);
     m->id = (char *)dev->id;
@@ -190,16 +211,28 @@ static void fill_device(Graphd__V1__Device *m, const gd_device_t *dev)
     m->memory_free = dev->memory_free;
     m->compute_capability = (char *)dev->compute_capability;
     m->mps = dev->mps;
+    m->uuid = (char *)dev->uuid;
+    m->compute_units = dev->compute_units;
+    m->max_clock_mhz = dev->max_clock_mhz;
+    m->driver = (char *)dev->driver;
+    if (dev->telemetry) {
+        fill_telemetry(tel, dev);
+        m->telemetry = tel;
+    }
 }
 
 Graphd__V1__Device **gd_status_devices(gd_daemon_t *d, Graphd__V1__Device *storage)
 {
-    Graphd__V1__Device **list = calloc(d->ndevices ? d->ndevices : 1, sizeof *list);
+    /* One block, freed with free(list): the pointers, then each device's telemetry. */
+    size_t n = d->ndevices ? d->ndevices : 1;
+    Graphd__V1__Device **list =
+        calloc(1, n * sizeof *list + n * sizeof(Graphd__V1__DeviceTelemetry));
     if (list == NULL)
         return NULL;
+    Graphd__V1__DeviceTelemetry *tel = (Graphd__V1__DeviceTelemetry *)(void *)(list + n);
     gd_devices_refresh(d);
     for (size_t i = 0; i < d->ndevices; i++) {
-        fill_device(&storage[i], &d->devices[i]);
+        fill_device(&storage[i], &d->devices[i], &tel[i]);
         list[i] = &storage[i];
     }
     return list;

@@ -453,7 +453,7 @@ int pm_pool_check_size(const pm_pool_t *p, uint64_t size)
 /* The common part of host and device allocation; dev_ptr NULL: a host region (memfd). A
  * borrowed region skips the size checks and counts no bytes. */
 static int region_alloc(pm_pool_t *p, uint64_t owner, uint64_t size, void *dev_ptr,
-                        const uint8_t *handle, bool borrowed, pm_region_t **out)
+                        const uint8_t *handle, int dev_fd, bool borrowed, pm_region_t **out)
 {
     if (out != NULL)
         *out = NULL;
@@ -489,7 +489,7 @@ static int region_alloc(pm_pool_t *p, uint64_t owner, uint64_t size, void *dev_p
     r->borrowed = borrowed;
     if (dev_ptr != NULL) {
         r->device = true;
-        r->fd = -1;
+        r->fd = dev_fd;
         r->addr = dev_ptr;
         memcpy(r->handle, handle, PM_IPC_HANDLE_SIZE);
         err = PM_OK;
@@ -534,7 +534,7 @@ static int region_alloc(pm_pool_t *p, uint64_t owner, uint64_t size, void *dev_p
 
 int pm_region_alloc(pm_pool_t *p, uint64_t owner, uint64_t size, pm_region_t **out)
 {
-    return region_alloc(p, owner, size, NULL, NULL, false, out);
+    return region_alloc(p, owner, size, NULL, NULL, -1, false, out);
 }
 
 int pm_region_alloc_device(pm_pool_t *p, uint64_t owner, uint64_t size, void *dev_ptr,
@@ -544,7 +544,17 @@ int pm_region_alloc_device(pm_pool_t *p, uint64_t owner, uint64_t size, void *de
         *out = NULL;
     if (p == NULL || dev_ptr == NULL || handle == NULL || p->m->device_free == NULL)
         return PM_EINVAL;
-    return region_alloc(p, owner, size, dev_ptr, handle, false, out);
+    return region_alloc(p, owner, size, dev_ptr, handle, -1, false, out);
+}
+
+int pm_region_alloc_device_fd(pm_pool_t *p, uint64_t owner, uint64_t size, void *dev_ptr,
+                              const uint8_t handle[PM_IPC_HANDLE_SIZE], int fd, pm_region_t **out)
+{
+    if (out != NULL)
+        *out = NULL;
+    if (p == NULL || dev_ptr == NULL || handle == NULL || fd < 0 || p->m->device_free == NULL)
+        return PM_EINVAL;
+    return region_alloc(p, owner, size, dev_ptr, handle, fd, false, out);
 }
 
 int pm_region_borrow_device(pm_pool_t *p, uint64_t owner, uint64_t size, void *dev_ptr,
@@ -554,7 +564,7 @@ int pm_region_borrow_device(pm_pool_t *p, uint64_t owner, uint64_t size, void *d
         *out = NULL;
     if (p == NULL || dev_ptr == NULL || handle == NULL)
         return PM_EINVAL;
-    return region_alloc(p, owner, size, dev_ptr, handle, true, out);
+    return region_alloc(p, owner, size, dev_ptr, handle, -1, true, out);
 }
 
 /* Unmaps, closes and forgets r (a device region goes to the device-free hook); slot is its index
@@ -584,6 +594,9 @@ static void region_destroy(pm_manager_t *m, pm_region_t *r, size_t slot)
     if (r->borrowed) {
         /* not ours: nothing to free */
     } else if (r->device) {
+        if (r->fd >= 0)
+            close(
+                r->fd); /* the export's fd (pm_region_alloc_device_fd); the memory is the hook's */
         m->device_free(m->device_free_ctx, p->device, r->addr, r->size);
     } else {
         /* Neither can fail for a mapping and memfd we created; a client's own mapping survives. */

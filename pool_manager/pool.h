@@ -117,6 +117,12 @@ int pm_region_alloc(pm_pool_t *p, uint64_t owner, uint64_t size, pm_region_t **o
  * or with no device-free hook set; PM_ELIMIT; PM_ENOMEM. */
 int pm_region_alloc_device(pm_pool_t *p, uint64_t owner, uint64_t size, void *dev_ptr,
                            const uint8_t handle[PM_IPC_HANDLE_SIZE], pm_region_t **out);
+/* As pm_region_alloc_device, for device memory whose export travels as a descriptor with the
+ * handle (Level Zero: the dma-buf/memfd fd the importer needs): on success the region owns fd too
+ * (pm_region_fd returns it; it is closed when the region is freed, before the device-free hook
+ * runs); on failure the caller keeps both. PM_EINVAL also for fd < 0. */
+int pm_region_alloc_device_fd(pm_pool_t *p, uint64_t owner, uint64_t size, void *dev_ptr,
+                              const uint8_t handle[PM_IPC_HANDLE_SIZE], int fd, pm_region_t **out);
 /* Registers size bytes of device memory at dev_ptr, exported as handle, that the region does
  * not own (a graph mempool's segment, which its graph keeps): a region of owner in p that
  * pm_region_find finds and pm_region_free and pm_reclaim_owner free like any other, but counted
@@ -135,10 +141,10 @@ uint64_t pm_region_id(const pm_region_t *r);
 uint64_t pm_region_owner(const pm_region_t *r);
 uint64_t pm_region_size(const pm_region_t *r);        /* bytes asked for */
 uint64_t pm_region_mapped_size(const pm_region_t *r); /* page-rounded */
-int pm_region_fd(const pm_region_t *r);               /* owned by the region; -1: device */
-void *pm_region_addr(const pm_region_t *r);           /* own mapping; device: the pointer */
-int pm_region_is_device(const pm_region_t *r);        /* 1 for pm_region_alloc/borrow_device's */
-int pm_region_is_borrowed(const pm_region_t *r);      /* 1 for pm_region_borrow_device's */
+int pm_region_fd(const pm_region_t *r); /* owned by the region; device: -1, or the export's fd */
+void *pm_region_addr(const pm_region_t *r);      /* own mapping; device: the pointer */
+int pm_region_is_device(const pm_region_t *r);   /* 1 for pm_region_alloc/borrow_device's */
+int pm_region_is_borrowed(const pm_region_t *r); /* 1 for pm_region_borrow_device's */
 /* The IPC handle of a device region (PM_IPC_HANDLE_SIZE bytes); NULL for a host region. */
 const uint8_t *pm_region_ipc_handle(const pm_region_t *r);
 pm_pool_t *pm_region_pool(const pm_region_t *r);

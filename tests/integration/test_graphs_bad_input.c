@@ -32,7 +32,7 @@
 
 #define M(name) "/graphd.v1.Graphd/" name
 
-enum { OK = 0, INVALID_ARGUMENT = 3, NOT_FOUND = 5, PERMISSION_DENIED = 7 };
+enum { OK = 0, INVALID_ARGUMENT = 3, NOT_FOUND = 5, PERMISSION_DENIED = 7, UNIMPLEMENTED = 12 };
 enum { FAILED_PRECONDITION = 9, INTERNAL = 13 };
 
 typedef harness_fixture_t fixture_t;
@@ -478,23 +478,37 @@ static void ordered_replays_without_cuda(void **state)
                      INVALID_ARGUMENT);
     assert_non_null(strstr(msg, "flags"));
 
-    /* EVENTS for a device the daemon does not have. */
-    uint8_t raw[GRAPHD_FRAME_SIZE + GRAPHD_IPC_HANDLE_SIZE];
-    graphd_frame_t req = {.magic = GRAPHD_FRAME_MAGIC,
-                          .version = GRAPHD_FRAME_VERSION,
-                          .type = GRAPHD_FRAME_EVENTS,
-                          .seq = (1ull << 41) + 2,
-                          .id = 0,
-                          .msg_len = GRAPHD_IPC_HANDLE_SIZE};
-    graphd_frame_encode(&req, raw);
-    memset(raw + GRAPHD_FRAME_SIZE, 0x5a, GRAPHD_IPC_HANDLE_SIZE);
-    dp_send(fd, raw, sizeof(raw));
+    /* EVENTS for a device the daemon does not have (ids are GRAPHD_DEVICE_CODEs), for a device
+     * whose family has no ordering primitives (cpu:0 is code 0, which frame version 1 read as
+     * cuda:0), and for a code of no family. */
+    static const struct {
+        uint64_t id;
+        int status;
+        const char *says;
+    } cases[] = {
+        {GRAPHD_DEVICE_CODE(GRAPHD_DEVICE_CUDA, 0), NOT_FOUND, "cuda:0"},
+        {GRAPHD_DEVICE_CODE(GRAPHD_DEVICE_CPU, 0), UNIMPLEMENTED, "cpu:0 has no events"},
+        {GRAPHD_DEVICE_CODE(3, 0), INVALID_ARGUMENT, "GRAPHD_DEVICE_CODE"},
+        {1000, INVALID_ARGUMENT, "GRAPHD_DEVICE_CODE"},
+    };
     graphd_frame_t rep;
-    dp_recv_frame(fd, &rep, msg, sizeof(msg));
-    assert_int_equal(rep.type, GRAPHD_FRAME_EVENTS | GRAPHD_FRAME_REPLY);
-    assert_int_equal(rep.seq, req.seq);
-    assert_int_equal(rep.status, NOT_FOUND);
-    assert_non_null(strstr(msg, "cuda:0"));
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        uint8_t raw[GRAPHD_FRAME_SIZE + GRAPHD_IPC_HANDLE_SIZE];
+        graphd_frame_t req = {.magic = GRAPHD_FRAME_MAGIC,
+                              .version = GRAPHD_FRAME_VERSION,
+                              .type = GRAPHD_FRAME_EVENTS,
+                              .seq = (1ull << 41) + 100 + i,
+                              .id = cases[i].id,
+                              .msg_len = GRAPHD_IPC_HANDLE_SIZE};
+        graphd_frame_encode(&req, raw);
+        memset(raw + GRAPHD_FRAME_SIZE, 0x5a, GRAPHD_IPC_HANDLE_SIZE);
+        dp_send(fd, raw, sizeof(raw));
+        dp_recv_frame(fd, &rep, msg, sizeof(msg));
+        assert_int_equal(rep.type, GRAPHD_FRAME_EVENTS | GRAPHD_FRAME_REPLY);
+        assert_int_equal(rep.seq, req.seq);
+        assert_int_equal(rep.status, cases[i].status);
+        assert_non_null(strstr(msg, cases[i].says));
+    }
     replays_fine(c, g); /* still in step */
 
     /* libgraphd refuses a stream-ordered replay of a host graph before any CUDA call. */
@@ -527,19 +541,25 @@ static void posted_replays_without_cuda(void **state)
     char msg[GRAPHD_FRAME_MAX_MSG + 1];
     graphd_frame_t rep;
 
-    dp_send_frame(fd, GRAPHD_FRAME_SEQ, 1ull << 42, 0, 0);
+    dp_send_frame(fd, GRAPHD_FRAME_SEQ, 1ull << 42, GRAPHD_DEVICE_CODE(GRAPHD_DEVICE_CUDA, 0), 0);
     dp_recv_frame(fd, &rep, msg, sizeof(msg));
     assert_int_equal(rep.type, GRAPHD_FRAME_SEQ | GRAPHD_FRAME_REPLY);
     assert_int_equal(rep.seq, 1ull << 42);
     assert_int_equal(rep.status, NOT_FOUND);
     assert_non_null(strstr(msg, "cuda:0"));
+    dp_send_frame(fd, GRAPHD_FRAME_SEQ, (1ull << 42) + 10, GRAPHD_DEVICE_CODE(GRAPHD_DEVICE_CPU, 0),
+                  0);
+    dp_recv_frame(fd, &rep, msg, sizeof(msg));
+    assert_int_equal(rep.status, UNIMPLEMENTED);
+    assert_non_null(strstr(msg, "cpu:0 has no sequence counters"));
     replays_fine(c, g); /* still in step */
 
     uint64_t sid = graphd_session_id(c);
     graphd_client_t *bystander = harness_client(&f->h, "bystander");
     assert_non_null(bystander);
     uint64_t arg = GRAPHD_PHASE_FORWARD | GRAPHD_REPLAY_POSTED |
-                   (0ull << GRAPHD_REPLAY_DEVICE_SHIFT) | (1ull << GRAPHD_REPLAY_SEQ_SHIFT);
+                   (GRAPHD_DEVICE_CODE(GRAPHD_DEVICE_CUDA, 0) << GRAPHD_REPLAY_DEVICE_SHIFT) |
+                   (1ull << GRAPHD_REPLAY_SEQ_SHIFT);
     dp_send_frame(fd, GRAPHD_FRAME_REPLAY, (1ull << 42) + 1, gid, arg);
     dp_recv_frame(fd, &rep, msg, sizeof(msg));
     assert_int_equal(rep.type, GRAPHD_FRAME_REPLAY | GRAPHD_FRAME_REPLY);

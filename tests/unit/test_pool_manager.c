@@ -743,6 +743,53 @@ static void test_device_regions(void **state)
     assert_pm(pm_pool_delete(f->m, "gpu"), PM_OK);
 }
 
+/* A device region whose export is a descriptor (xpu: the allocation's fd, passed with the
+ * handle): the region owns the fd and closes it when freed or reclaimed, beside the hook; on a
+ * refusal the caller keeps it. */
+static void test_device_regions_with_fd(void **state)
+{
+    fixture_t *f = *state;
+    uint64_t pg = f->page;
+    memset(&freed_dev, 0, sizeof freed_dev);
+    pm_pool_t *p = NULL;
+    assert_pm(pm_pool_create(f->m, "xpu", "xpu:0", 2 * pg, &p), PM_OK);
+    uint8_t handle[PM_IPC_HANDLE_SIZE] = {1, 2, 3};
+    void *fake = (void *)(uintptr_t)0x7f0000200000u; /* never dereferenced */
+    pm_region_t *r = (pm_region_t *)&r;
+    int fds = count_open_fds();
+    int fd = memfd_create("xpu-export", MFD_CLOEXEC);
+    assert_true(fd >= 0);
+
+    /* No hook, or no fd: refused, the fd still the caller's. */
+    assert_pm(pm_region_alloc_device_fd(p, 1, pg, fake, handle, fd, &r), PM_EINVAL);
+    assert_null(r);
+    int ctx_tag = 0;
+    pm_manager_set_device_free(f->m, count_device_free, &ctx_tag);
+    assert_pm(pm_region_alloc_device_fd(p, 1, pg, fake, handle, -1, &r), PM_EINVAL);
+    assert_pm(pm_region_alloc_device_fd(p, 1, 3 * pg, fake, handle, fd, &r), PM_ELIMIT);
+    assert_int_equal(fcntl(fd, F_GETFD), FD_CLOEXEC); /* still open */
+
+    pm_region_t *d1 = NULL;
+    assert_pm(pm_region_alloc_device_fd(p, 1, pg, fake, handle, fd, &d1), PM_OK);
+    assert_int_equal(pm_region_is_device(d1), 1);
+    assert_int_equal(pm_region_fd(d1), fd);
+    assert_memory_equal(pm_region_ipc_handle(d1), handle, PM_IPC_HANDLE_SIZE);
+    assert_int_equal(info_of(p).reserved_bytes, pg);
+    assert_pm(pm_region_free(f->m, pm_region_id(d1), 1), PM_OK);
+    assert_int_equal(freed_dev.calls, 1);
+    assert_ptr_equal(freed_dev.ptr, fake);
+    assert_int_equal(count_open_fds(), fds); /* the region closed it */
+
+    /* Reclaim closes it too. */
+    fd = memfd_create("xpu-export", MFD_CLOEXEC);
+    assert_pm(pm_region_alloc_device_fd(p, 2, pg, fake, handle, fd, &d1), PM_OK);
+    pm_reclaim_owner(f->m, 2, NULL);
+    assert_int_equal(freed_dev.calls, 2);
+    assert_int_equal(count_open_fds(), fds);
+    assert_int_equal(info_of(p).reserved_bytes, 0);
+    assert_pm(pm_pool_delete(f->m, "xpu"), PM_OK);
+}
+
 /* Borrowed device regions (a graph mempool's segments): found, freed and reclaimed like any
  * region, but counted nowhere, outside the limit, and never handed to the device-free hook. */
 static void test_borrowed_regions(void **state)
@@ -872,6 +919,7 @@ int main(void)
         T(test_many_regions),
         T(test_alloc_syscall_failure),
         T(test_device_regions),
+        T(test_device_regions_with_fd),
         T(test_borrowed_regions),
         T(test_pool_owner_and_mode),
     };

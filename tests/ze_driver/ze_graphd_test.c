@@ -176,6 +176,8 @@ typedef struct {
     long hang_ms;
     ze_api_version_t api_version;
     bool sysman_enabled; /* ZES_ENABLE_SYSMAN=1 at zeInit */
+    long dirty_byte;     /* GRAPHD_ZE_TEST_DIRTY_ALLOC: fresh device memory holds it; -1: zeros */
+    char free_log[256];  /* GRAPHD_ZE_TEST_FREE_LOG: where device frees are recorded; "": none */
 } config_t;
 
 static struct {
@@ -230,6 +232,15 @@ static void cfg_load(void)
     ok &= knob_long("GRAPHD_ZE_TEST_FAIL_ALLOC_AFTER", -1, LONG_MAX, -1, &c->fail_alloc_after);
     ok &= knob_long("GRAPHD_ZE_TEST_DEVICE_LOST_AFTER", -1, LONG_MAX, -1, &c->lost_after);
     ok &= knob_long("GRAPHD_ZE_TEST_HANG_MS", 1, 3600000, 10000, &c->hang_ms);
+    ok &= knob_long("GRAPHD_ZE_TEST_DIRTY_ALLOC", -1, 255, -1, &c->dirty_byte);
+    const char *log = getenv("GRAPHD_ZE_TEST_FREE_LOG");
+    if (log != NULL && strlen(log) >= sizeof c->free_log) {
+        fprintf(stderr, "libze_graphd_test: GRAPHD_ZE_TEST_FREE_LOG is longer than %zu bytes\n",
+                sizeof c->free_log - 1);
+        ok = false;
+    } else if (log != NULL) {
+        snprintf(c->free_log, sizeof c->free_log, "%s", log);
+    }
     const char *v = getenv("GRAPHD_ZE_TEST_API_VERSION");
     if (v != NULL && *v != '\0') {
         char extra;
@@ -884,6 +895,8 @@ static ze_result_t mem_alloc(ze_context_handle_t hc, ze_device_handle_t hd, ze_m
         free(a);
         return ZE_RESULT_ERROR_OUT_OF_HOST_MEMORY;
     }
+    if (charge && g.cfg.dirty_byte >= 0) /* what a previous user of the memory left there */
+        memset(m, (int)g.cfg.dirty_byte, len);
     a->ctx = c;
     a->dev = d;
     a->type = type;
@@ -956,6 +969,20 @@ static void alloc_unlink(alloc_t *a)
     free(a);
 }
 
+/* GRAPHD_ZE_TEST_FREE_LOG: one line per device allocation freed, "free <device> <size> <hex of
+ * its first 16 bytes>", so a test can see what the memory held when its owner freed it. */
+static void log_free(const alloc_t *a)
+{
+    FILE *f = fopen(g.cfg.free_log, "ae");
+    if (f == NULL)
+        return;
+    fprintf(f, "free %u %zu ", (unsigned)(a->dev - g.devices), a->size);
+    for (size_t i = 0; i < 16 && i < a->size; i++)
+        fprintf(f, "%02x", (unsigned char)a->base[i]);
+    fprintf(f, "\n");
+    fclose(f);
+}
+
 static ze_result_t mem_free(ze_context_handle_t hc, void *ptr)
 {
     context_t *c;
@@ -967,6 +994,8 @@ static ze_result_t mem_free(ze_context_handle_t hc, void *ptr)
     alloc_t *a = alloc_based(ptr, c);
     if (a == NULL || a->imported)
         return ZE_RESULT_ERROR_INVALID_ARGUMENT; /* not an allocation of c: freed twice, or never */
+    if (a->dev != NULL && g.cfg.free_log[0])
+        log_free(a);
     alloc_unlink(a);
     return ZE_RESULT_SUCCESS;
 }
