@@ -194,7 +194,7 @@ static int field_present(const ProtobufCFieldDescriptor *f, const ProtobufCMessa
 /*
  * Values with a presence flag (protobuf-c 1.4 has no proto3 optional): where the flag is false the
  * values are left out of the JSON, absent rather than a 0 that reads as a reading; the flags
- * themselves are not written. An empty string or a 0 in absent_if_empty is absent too.
+ * stay, for a reader that wants them. A 0 in absent_if_zero is absent too.
  */
 static const struct presence {
     const char *message; /* full name */
@@ -209,11 +209,9 @@ static const struct presence {
 static const struct {
     const char *message;
     const char *field;
-} absent_if_empty[] = {
-    /* A device's family that does not say (cpu, cuda) leaves these empty or 0. */
-    {"graphd.v1.DeviceTelemetry", "memory_health"},
-    {"graphd.v1.Device", "uuid"},
-    {"graphd.v1.Device", "driver"},
+} absent_if_zero[] = {
+    /* A device's family that does not say (cpu, cuda) leaves these 0. (Strings stay: "" is
+     * the proto's own "absent", and a table shows it as "-".) */
     {"graphd.v1.Device", "compute_units"},
     {"graphd.v1.Device", "max_clock_mhz"},
 };
@@ -226,15 +224,13 @@ static void drop_absent(const ProtobufCMessageDescriptor *d, json_t *obj)
         if (!json_is_true(json_object_get(obj, presence[i].flag)))
             for (size_t k = 0; k < 3 && presence[i].fields[k] != NULL; k++)
                 json_object_del(obj, presence[i].fields[k]);
-        json_object_del(obj, presence[i].flag);
     }
-    for (size_t i = 0; i < sizeof(absent_if_empty) / sizeof(absent_if_empty[0]); i++) {
-        if (strcmp(absent_if_empty[i].message, d->name) != 0)
+    for (size_t i = 0; i < sizeof(absent_if_zero) / sizeof(absent_if_zero[0]); i++) {
+        if (strcmp(absent_if_zero[i].message, d->name) != 0)
             continue;
-        json_t *v = json_object_get(obj, absent_if_empty[i].field);
-        if ((json_is_string(v) && json_string_value(v)[0] == '\0') ||
-            (json_is_integer(v) && json_integer_value(v) == 0))
-            json_object_del(obj, absent_if_empty[i].field);
+        json_t *v = json_object_get(obj, absent_if_zero[i].field);
+        if (json_is_integer(v) && json_integer_value(v) == 0)
+            json_object_del(obj, absent_if_zero[i].field);
     }
 }
 
