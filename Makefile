@@ -187,6 +187,9 @@ $(BUILD)/tests/integration/test_xpu: $(BUILD)/obj/tests/integration/test_xpu.o $
 	@mkdir -p $(dir $@)
 	$(call say,LINK,$@)$(CXX) $(LDFLAGS_ALL) -o $@ $(filter %.o %.a,$^) -L$(BUILD) -Wl,-rpath,'$$ORIGIN/../..' -lgraphd $(RT_LIBS) $(ZE_LIBS) $(LDLIBS_ALL) -lcmocka
 
+# test_xpu_client runs graphd with the test driver and maps through libgraphd's xpu row alone.
+$(BUILD)/tests/integration/test_xpu_client: | $(ZE_DRV) $(BUILD)/graphd
+
 $(BUILD)/bench/%: $(BUILD)/obj/bench/%.o $(LIBGR) $(SOCLI)
 	@mkdir -p $(dir $@)
 	$(call say,LINK,$@)$(CXX) $(LDFLAGS_ALL) -o $@ $(filter %.o %.a,$^) -L$(BUILD) -Wl,-rpath,'$$ORIGIN/..' -lgraphd $(RT_LIBS) $(LDLIBS_ALL)
