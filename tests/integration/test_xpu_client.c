@@ -278,12 +278,120 @@ static void reclaimed_on_sigkill(void **state)
     stop(&f);
 }
 
+/* graphctl devices and status, text and JSON: xpu:0 and xpu:1 with their properties and
+ * telemetry; with Sysman absent (GRAPHD_ZE_TEST_NO_SYSMAN=1) its values are left out of the
+ * JSON, not shown as 0. */
+static void graphctl_shows(int sysman)
+{
+    fixture_t f;
+    if (!sysman)
+        setenv("GRAPHD_ZE_TEST_NO_SYSMAN", "1", 1);
+    start(&f, "ctl", 0);
+    unsetenv("GRAPHD_ZE_TEST_NO_SYSMAN");
+    char path[HARNESS_PATH_MAX + 16];
+    static char out[65536], err[4096];
+    snprintf(path, sizeof(path), "%s/graphctl", harness_build_dir());
+
+    /* the telemetry needs the daemon's second read for utilisation */
+    int64_t end = harness_now_ms() + 5000;
+    json_t *doc = NULL;
+    for (;;) {
+        const char *as_json[] = {path, "--address", f.h.address, "--json", "devices", NULL};
+        assert_int_equal(harness_run(as_json, out, sizeof(out), err, sizeof(err), 10000), 0);
+        json_error_t jerr;
+        doc = json_loads(out, 0, &jerr);
+        assert_non_null(doc);
+        json_t *t = json_object_get(harness_find(doc, "id", "xpu:1"), "telemetry");
+        if (!sysman || json_object_get(t, "utilisation") != NULL || harness_now_ms() > end)
+            break;
+        json_decref(doc);
+        usleep(100000);
+    }
+    for (int i = 0; i < 2; i++) {
+        char id[8];
+        snprintf(id, sizeof(id), "xpu:%d", i);
+        json_t *d = harness_find(doc, "id", id);
+        assert_non_null(d);
+        assert_int_equal(harness_int(d, "compute_units"), i ? 96 : 64);
+        assert_int_equal(strlen(json_string_value(json_object_get(d, "uuid"))), 32);
+        json_t *t = json_object_get(d, "telemetry");
+        assert_true(json_is_object(t));
+        if (sysman) {
+            assert_int_equal(harness_int(t, "memory_total"), 256ll * MiB);
+            assert_non_null(json_object_get(t, "engine_active_us"));
+            assert_false(json_is_true(json_object_get(t, "wedged")));
+        } else {
+            static const char *const absent[] = {"memory_free", "memory_total", "engine_active_us",
+                                                 "utilisation", "wedged"};
+            for (size_t k = 0; k < sizeof(absent) / sizeof(absent[0]); k++)
+                if (json_object_get(t, absent[k]) != NULL)
+                    fail_msg("%s telemetry without Sysman has %s: %s", id, absent[k], out);
+        }
+    }
+    if (sysman)
+        assert_non_null(json_object_get(
+            json_object_get(harness_find(doc, "id", "xpu:1"), "telemetry"), "utilisation"));
+    /* the cpu device has no telemetry and no xpu properties */
+    json_t *cpu = harness_find(doc, "id", "cpu:0");
+    assert_true(json_is_null(json_object_get(cpu, "telemetry")));
+    assert_null(json_object_get(cpu, "compute_units"));
+    json_decref(doc);
+
+    /* status --json: the same absences */
+    const char *st_json[] = {path, "--address", f.h.address, "--json", "status", NULL};
+    assert_int_equal(harness_run(st_json, out, sizeof(out), err, sizeof(err), 10000), 0);
+    json_error_t jerr;
+    doc = json_loads(out, 0, &jerr);
+    assert_non_null(doc);
+    json_t *devs = json_object_get(doc, "devices");
+    json_t *t = json_object_get(harness_find(devs, "id", "xpu:0"), "telemetry");
+    assert_true(json_is_object(t));
+    assert_true((json_object_get(t, "memory_free") != NULL) == (sysman != 0));
+    assert_null(json_object_get(harness_find(devs, "id", "cpu:0"), "compute_units"));
+    json_decref(doc);
+
+    /* text: the xpu rows with name, UUID and driver; absent values are "-" */
+    const char *table[] = {path, "--address", f.h.address, "status", NULL};
+    assert_int_equal(harness_run(table, out, sizeof(out), err, sizeof(err), 10000), 0);
+    assert_non_null(strstr(out, "UUID"));
+    const char *row = strstr(out, "\nxpu:1 ");
+    assert_non_null(row);
+    const char *eol = strchr(row + 1, '\n');
+    assert_non_null(eol);
+    char line[1024];
+    snprintf(line, sizeof(line), "%.*s", (int)(eol - row - 1), row + 1);
+    assert_non_null(strstr(line, "graphd test XPU 1"));
+    assert_non_null(strstr(line, "Level Zero 1."));
+    assert_non_null(strstr(line, "  96  "));
+    if (!sysman)
+        assert_null(strstr(line, "  0  ")); /* no telemetry 0 standing in for "unknown" */
+    else
+        assert_non_null(strstr(line, "  ok  ")); /* memory health */
+    stop(&f);
+}
+
+static void graphctl_shows_telemetry(void **state)
+{
+    (void)state;
+    graphctl_shows(1);
+}
+
+static void graphctl_without_sysman_shows_absent(void **state)
+{
+    (void)state;
+    graphctl_shows(0);
+}
+
 static int run_suite(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(region_roundtrip_xpu0),       cmocka_unit_test(region_roundtrip_xpu1),
-        cmocka_unit_test(map_by_id_names_what_to_use), cmocka_unit_test(reclaimed_on_goodbye),
+        cmocka_unit_test(region_roundtrip_xpu0),
+        cmocka_unit_test(region_roundtrip_xpu1),
+        cmocka_unit_test(map_by_id_names_what_to_use),
+        cmocka_unit_test(reclaimed_on_goodbye),
         cmocka_unit_test(reclaimed_on_sigkill),
+        cmocka_unit_test(graphctl_shows_telemetry),
+        cmocka_unit_test(graphctl_without_sysman_shows_absent),
     };
     return cmocka_run_group_tests_name(getenv("ZE_ENABLE_LOADER_INTERCEPT")
                                            ? "xpu client (ZE_ENABLE_LOADER_INTERCEPT=1)"
