@@ -2,7 +2,8 @@
  * pool_manager: named memory pools on a device and the shared regions carved
  * from them. A host region is one memfd (sealed against shrinking and
  * growing), mapped here and passed to its owner session. A device region is a
- * block of device memory the caller allocated (and exported with CUDA IPC):
+ * block of device memory the caller allocated and exported (CUDA IPC, or Level
+ * Zero IPC with an fd the region keeps):
  * the manager accounts for it like a host region and hands it back to the
  * manager's device-free hook when it is freed. Pure C, no gRPC and no libuv:
  * the daemon's loop thread is the only caller, so nothing locks.

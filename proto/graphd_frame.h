@@ -17,7 +17,7 @@
 #include <string.h>
 
 #define GRAPHD_FRAME_MAGIC 0x44505247u /* "GRPD" as little-endian bytes */
-#define GRAPHD_FRAME_VERSION 2 /* 2: devices as GRAPHD_DEVICE_CODE */
+#define GRAPHD_FRAME_VERSION 2         /* 2: devices as GRAPHD_DEVICE_CODE */
 #define GRAPHD_FRAME_SIZE 40
 #define GRAPHD_FRAME_MAX_MSG 1024
 
@@ -66,9 +66,9 @@ enum graphd_device_family {
 #define GRAPHD_DEVICE_INDEX_MAX 63u /* indices 0..63 within a family */
 #define GRAPHD_DEVICE_CODE(family, index)                                                          \
     ((uint64_t)(((unsigned)(family) << GRAPHD_DEVICE_FAMILY_SHIFT) |                               \
-                ((unsigned)(index) & GRAPHD_DEVICE_INDEX_MAX)))
+                (GRAPHD_DEVICE_INDEX_MAX & (unsigned)(index))))
 #define GRAPHD_DEVICE_CODE_FAMILY(code) ((unsigned)((code) >> GRAPHD_DEVICE_FAMILY_SHIFT) & 3u)
-#define GRAPHD_DEVICE_CODE_INDEX(code) ((unsigned)(code) & GRAPHD_DEVICE_INDEX_MAX)
+#define GRAPHD_DEVICE_CODE_INDEX(code) (GRAPHD_DEVICE_INDEX_MAX & (unsigned)(code))
 
 /* REPLAY arg: the phase in the low byte, flags in the next. */
 #define GRAPHD_REPLAY_PHASE_MASK 0xffu
@@ -80,11 +80,11 @@ enum graphd_device_family {
 /*
  * A posted replay, ordered by the session's sequence counters on the device (SEQ) with CUDA
  * stream memory operations, and answered only when it fails. The arg carries the device's
- * GRAPHD_DEVICE_CODE (GRAPHD_REPLAY_DEVICE) and the replay's sequence number n (GRAPHD_REPLAY_SEQ: 1 for the
- * session's first posted replay on the device, then one more each time, refused otherwise).
- * Before the frame the client's stream waits for ready >= n - 1 (the previous replay's write,
- * which may be on another stream) and writes ready = n; after it, the client's stream waits for
- * done >= n. The daemon's stream waits for ready >= n, replays, and writes done = n (also when
+ * GRAPHD_DEVICE_CODE (GRAPHD_REPLAY_DEVICE) and the replay's sequence number n (GRAPHD_REPLAY_SEQ:
+ * 1 for the session's first posted replay on the device, then one more each time, refused
+ * otherwise). Before the frame the client's stream waits for ready >= n - 1 (the previous replay's
+ * write, which may be on another stream) and writes ready = n; after it, the client's stream waits
+ * for done >= n. The daemon's stream waits for ready >= n, replays, and writes done = n (also when
  * the replay fails, so that the client's stream goes on); a failure is answered by an error
  * reply with the frame's seq, which the client reads at a later call. Device-resident graphs
  * only.

@@ -309,11 +309,14 @@ typedef struct fixture {
  * extra arguments. */
 static void start(fixture_t *f, const char *const *knobs, const char *const *args)
 {
+    static const char *const none[] = {NULL};
+    if (knobs == NULL)
+        knobs = none;
     memset(f, 0, sizeof(*f));
     char saved[16][PATH_MAX];
     int had[16] = {0};
     size_t n = 0;
-    for (; knobs != NULL && knobs[n] != NULL; n++) {
+    for (; knobs[n] != NULL; n++) {
         char name[128];
         const char *eq = strchr(knobs[n], '=');
         snprintf(name, sizeof(name), "%.*s", eq ? (int)(eq - knobs[n]) : (int)strlen(knobs[n]),
