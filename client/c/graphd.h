@@ -295,8 +295,9 @@ void graphd_region_release(graphd_region_t *r /* [in][optional] consumed */);
 
 uint64_t graphd_region_id(const graphd_region_t *r);
 /* Start of the mapping: mapped_size bytes, read-write, shared with the daemon. For a device
- * region (graphd_region_is_device), a CUDA device pointer opened from the daemon's IPC handle
- * (NULL once the session has ended: the daemon frees device memory with its session). */
+ * region (graphd_region_is_device), a device pointer opened from the daemon's IPC handle in this
+ * process's context (CUDA, or Level Zero for xpu; NULL once the session has ended: the daemon
+ * frees device memory with its session). */
 void *graphd_region_ptr(const graphd_region_t *r);
 /* 1 for a region in device memory (a device-resident graph's, or graphd_region_alloc_device's),
  * 0 for a host region. */
@@ -493,7 +494,8 @@ int graphd_replay(graphd_graph_t *g, int phase, uint64_t *device_ns /* [out][opt
  * the replay is ordered by a pair of CUDA IPC events instead and the call waits for the daemon to
  * launch it (launch_ns: the daemon's launch time); the first such call exchanges the events
  * (EVENTS frame). Errors as graphd_replay; GRAPHD_EINVALID_ARGUMENT for a host-staged graph;
- * GRAPHD_EFAILED_PRECONDITION when the CUDA runtime cannot be loaded or refuses.
+ * GRAPHD_EFAILED_PRECONDITION when the CUDA runtime cannot be loaded or refuses;
+ * GRAPHD_EUNIMPLEMENTED for a graph on a device kind with no ordering primitives here (xpu).
  */
 int graphd_replay_stream(graphd_graph_t *g, int phase, void *stream /* [optional] */,
                          uint64_t *launch_ns /* [out][optional] */);

@@ -16,7 +16,7 @@
 #include "graphd.h"
 
 static const char *const names[] = {
-    "GRAPHD_ADDRESS", "GRAPHD_TIMEOUT_MS",   "GRAPHD_SPIN_US",         "GRAPHD_DIRECT",
+    "GRAPHD_ADDRESS", "GRAPHD_TIMEOUT_MS",   "GRAPHD_SPIN_US",          "GRAPHD_DIRECT",
     "GRAPHD_TLS_CA",  "GRAPHD_REPLAY_ORDER", "GRAPHD_COPY_PARAM_GRADS", "GRAPHD_ZE_LOADER"};
 #define NNAMES (sizeof(names) / sizeof(names[0]))
 
