@@ -547,6 +547,22 @@ static void devices_and_telemetry(void **state)
     assert_false(json_is_true(json_object_get(t, "wedged")));
     json_decref(d);
     assert_int_equal(count_in(daemon_log(&f), "no xpu device listed"), 0);
+
+    /* graphctl status --json prints what Status has: both devices and their telemetry. */
+    char path[HARNESS_PATH_MAX + 16];
+    snprintf(path, sizeof(path), "%s/graphctl", harness_build_dir());
+    const char *argv[] = {path, "--address", f.h.address, "--json", "status", NULL};
+    static char out[1 << 16];
+    char err[4096];
+    assert_int_equal(harness_run(argv, out, sizeof(out), err, sizeof(err), 10000), 0);
+    json_error_t jerr;
+    json_t *js = json_loads(out, 0, &jerr);
+    assert_non_null(js);
+    json_t *x1 = harness_find(json_object_get(js, "devices"), "id", "xpu:1");
+    assert_non_null(x1);
+    assert_string_equal(json_string_value(json_object_get(x1, "uuid")), uuids[1]);
+    assert_true(json_is_object(json_object_get(x1, "telemetry")));
+    json_decref(js);
     goodbye(&s);
     stop(&f);
 }
@@ -662,6 +678,45 @@ static void reclaimed_on_goodbye(void **state)
     expect_fds(&f, fds0);
     stop(&f);
     unlink(f.free_log);
+}
+
+/* SIGTERM while a session holds an xpu region: the daemon frees it before it closes the Level
+ * Zero layer (which refuses to close over live allocations) and exits cleanly. */
+static void region_at_shutdown(void **state)
+{
+    (void)state;
+    fixture_t f;
+    start(&f, NULL, NULL);
+    raw_t s;
+    raw_hello(&f.h, &s);
+    assert_int_equal(create_pool(&s, "xp", "xpu:0", 0, NULL, 0), OK);
+    uint64_t id;
+    assert_int_equal(alloc_region(&s, "xp", 3 * 4096, 1, &id, NULL, 0), OK);
+    graphd_close(f.c);
+    f.c = NULL;
+    assert_int_equal(kill(f.h.pid, SIGTERM), 0);
+    int status = -1;
+    int64_t end = harness_now_ms() + 10000;
+    while (waitpid(f.h.pid, &status, WNOHANG) == 0 && harness_now_ms() < end)
+        usleep(20000);
+    const char *log = daemon_log(&f);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0 || strstr(log, "graphd stopped") == NULL ||
+        strstr(log, "closing Level Zero") != NULL || strstr(log, "reclaimed 1 region") == NULL)
+        fail_msg("the daemon (status 0x%x) did not stop cleanly over an xpu region:\n%s", status,
+                 log);
+    /* harness_stop's part, the daemon being gone: its directory (the log; the sockets went). */
+    DIR *dir = opendir(f.h.dir);
+    assert_non_null(dir);
+    struct dirent *e;
+    while ((e = readdir(dir)) != NULL)
+        if (strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0) {
+            char path[HARNESS_PATH_MAX + 300];
+            snprintf(path, sizeof(path), "%s/%s", f.h.dir, e->d_name);
+            unlink(path);
+        }
+    closedir(dir);
+    assert_int_equal(rmdir(f.h.dir), 0);
+    close(s.fd);
 }
 
 /* Role "tenant" (a re-executed child): allocates an xpu:0 region in pool xp of the daemon at
@@ -958,11 +1013,12 @@ static int run_suite(void)
         return 1;
     }
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(devices_and_telemetry), cmocka_unit_test(region_roundtrip),
-        cmocka_unit_test(reclaimed_on_goodbye),  cmocka_unit_test(reclaimed_on_sigkill),
-        cmocka_unit_test(refused_operations),    cmocka_unit_test(injected_out_of_memory),
-        cmocka_unit_test(injected_device_lost),  cmocka_unit_test(injected_no_ipc),
-        cmocka_unit_test(injected_no_sysman),    cmocka_unit_test(without_driver),
+        cmocka_unit_test(devices_and_telemetry),  cmocka_unit_test(region_roundtrip),
+        cmocka_unit_test(reclaimed_on_goodbye),   cmocka_unit_test(region_at_shutdown),
+        cmocka_unit_test(reclaimed_on_sigkill),   cmocka_unit_test(refused_operations),
+        cmocka_unit_test(injected_out_of_memory), cmocka_unit_test(injected_device_lost),
+        cmocka_unit_test(injected_no_ipc),        cmocka_unit_test(injected_no_sysman),
+        cmocka_unit_test(without_driver),
     };
     int rc = cmocka_run_group_tests_name(getenv("ZE_ENABLE_LOADER_INTERCEPT")
                                              ? "xpu (ZE_ENABLE_LOADER_INTERCEPT=1)"

@@ -160,12 +160,40 @@ static void reload_keeps_fixed_settings(void **state)
     gd_config_free(&next);
 }
 
+/* A setting of fixed words (xpu = auto|off): each word is taken and printed back; anything else
+ * is refused with the words it takes. */
+static void choice_setting(void **state)
+{
+    (void)state;
+    const gd_setting_t *s = gd_setting_find("xpu");
+    assert_non_null(s);
+    gd_config_t cfg;
+    char err[256];
+    assert_int_equal(gd_config_load(&cfg, NULL, false, NULL, err, sizeof err), 0);
+    assert_int_equal(cfg.xpu, GD_XPU_AUTO);
+    char buf[32];
+    gd_config_format(&cfg, s, buf, sizeof buf);
+    assert_string_equal(buf, "auto");
+    assert_int_equal(gd_config_set(&cfg, s, "off", err, sizeof err), 0);
+    assert_int_equal(cfg.xpu, GD_XPU_OFF);
+    gd_config_format(&cfg, s, buf, sizeof buf);
+    assert_string_equal(buf, "off");
+    static const char *const bad[] = {"of", "offf", "", "1", "Auto", "auto|off"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        assert_int_equal(gd_config_set(&cfg, s, bad[i], err, sizeof err), -1);
+        assert_non_null(strstr(err, "is not one of auto|off"));
+        assert_int_equal(cfg.xpu, GD_XPU_OFF); /* unchanged */
+    }
+    gd_config_free(&cfg);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(defaults),       cmocka_unit_test(every_setting_has_a_valid_default),
         cmocka_unit_test(file_and_flags), cmocka_unit_test(bad_files),
         cmocka_unit_test(bytes),          cmocka_unit_test(reload_keeps_fixed_settings),
+        cmocka_unit_test(choice_setting),
     };
     return cmocka_run_group_tests_name("config", tests, NULL, NULL);
 }
