@@ -205,6 +205,7 @@ $(BUILD)/tests/unit/%: $(BUILD)/obj/tests/unit/%.o $(LIBGD) $(LIBGR) $(LIBPM) $(
 $(BUILD)/tests/unit/test_executor: | $(BUILD)/graphd-executor
 $(BUILD)/tests/unit/test_cgroup: | $(BUILD)/graphd-executor
 $(BUILD)/tests/unit/test_ze_layer: | $(ZE_DRV)
+$(BUILD)/tests/unit/test_client_xpu: | $(ZE_DRV)
 
 $(BUILD)/tests/integration/%: $(BUILD)/obj/tests/integration/%.o $(call obj,$(TESTLIB_SRC)) $(SOCLI)
 	@mkdir -p $(dir $@)
@@ -215,6 +216,9 @@ $(BUILD)/tests/integration/%: $(BUILD)/obj/tests/integration/%.o $(call obj,$(TE
 $(BUILD)/tests/integration/test_xpu: $(BUILD)/obj/tests/integration/test_xpu.o $(call obj,$(TESTLIB_SRC)) $(LIBGR) $(SOCLI) | $(ZE_DRV) $(BUILD)/graphd
 	@mkdir -p $(dir $@)
 	$(call say,LINK,$@)$(CXX) $(LDFLAGS_ALL) -o $@ $(filter %.o %.a,$^) -L$(BUILD) -Wl,-rpath,'$$ORIGIN/../..' -lgraphd $(RT_LIBS) $(ZE_LIBS) $(LDLIBS_ALL) -lcmocka
+
+# test_xpu_client runs graphd with the test driver and maps through libgraphd's xpu row alone.
+$(BUILD)/tests/integration/test_xpu_client: | $(ZE_DRV) $(BUILD)/graphd
 
 $(BUILD)/bench/%: $(BUILD)/obj/bench/%.o $(LIBGR) $(SOCLI)
 	@mkdir -p $(dir $@)

@@ -58,7 +58,7 @@ int graphd__fail_sys(graphd_client_t *c, const char *fmt, ...)
 void graphd__session_end(graphd_client_t *c)
 {
     graphd__dp_close(c);
-    graphd__cuda_events_drop(c);
+    graphd__kinds_session_end(c);
     c->session_id = 0;
     c->session_token = 0;
     c->session_socket[0] = '\0';
@@ -402,6 +402,25 @@ static void device_from_pb(graphd_device_t *d, const Graphd__V1__Device *p)
     d->memory_total = p->memory_total;
     d->memory_free = p->memory_free;
     d->mps = p->mps ? 1 : 0;
+    graphd__strlcpy(d->uuid, p->uuid, sizeof(d->uuid));
+    d->compute_units = p->compute_units;
+    d->max_clock_mhz = p->max_clock_mhz;
+    graphd__strlcpy(d->driver, p->driver, sizeof(d->driver));
+    const Graphd__V1__DeviceTelemetry *t = p->telemetry;
+    if (t == NULL)
+        return;
+    d->have_telemetry = 1;
+    d->telemetry_read_unix_ms = t->read_unix_ms;
+    d->have_memory = t->have_memory ? 1 : 0;
+    d->telemetry_memory_free = t->have_memory ? t->memory_free : 0;
+    d->telemetry_memory_total = t->have_memory ? t->memory_total : 0;
+    d->have_engine = t->have_engine ? 1 : 0;
+    d->engine_active_us = t->have_engine ? t->engine_active_us : 0;
+    d->have_utilisation = t->have_utilisation ? 1 : 0;
+    d->utilisation = t->have_utilisation ? t->utilisation : 0;
+    graphd__strlcpy(d->memory_health, t->memory_health, sizeof(d->memory_health));
+    d->have_reset = t->have_reset ? 1 : 0;
+    d->wedged = t->have_reset && t->wedged ? 1 : 0;
 }
 
 static void pool_from_pb(graphd_pool_t *d, const Graphd__V1__Pool *p)

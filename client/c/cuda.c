@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "graphd_int.h"
 
@@ -26,6 +27,7 @@ static struct {
     int (*ipc_open)(void **, ipc_handle_t, unsigned int);
     int (*ipc_close)(void *);
     int (*device_synchronize)(void);
+    int (*memcpy)(void *, const void *, size_t, int); /* cudaMemcpy */
     const char *(*error_string)(int);
     /* events (NULL when the runtime lacks them: ordered replays are then refused) */
     int (*event_create)(void **, unsigned int);
@@ -46,6 +48,8 @@ static struct {
 #define CUDA_EVENT_DISABLE_TIMING 0x2u      /* cudaEventDisableTiming */
 #define CUDA_EVENT_INTERPROCESS 0x4u        /* cudaEventInterprocess */
 #define CUDA_STREAM_NON_BLOCKING 0x1u       /* cudaStreamNonBlocking */
+#define CUDA_MEMCPY_HOST_TO_DEVICE 1
+#define CUDA_MEMCPY_DEVICE_TO_HOST 2
 #define CU_STREAM_WAIT_VALUE_GEQ 0x0u
 #define CU_STREAM_WRITE_VALUE_DEFAULT 0x0u /* a memory barrier before the write */
 
@@ -92,6 +96,7 @@ static void load_runtime(void)
     rt.ipc_open = (int (*)(void **, ipc_handle_t, unsigned int))dlsym(h, "cudaIpcOpenMemHandle");
     rt.ipc_close = (int (*)(void *))dlsym(h, "cudaIpcCloseMemHandle");
     rt.device_synchronize = (int (*)(void))dlsym(h, "cudaDeviceSynchronize");
+    rt.memcpy = (int (*)(void *, const void *, size_t, int))dlsym(h, "cudaMemcpy");
     rt.error_string = (const char *(*)(int))dlsym(h, "cudaGetErrorString");
     rt.event_create = (int (*)(void **, unsigned int))dlsym(h, "cudaEventCreateWithFlags");
     rt.event_destroy = (int (*)(void *))dlsym(h, "cudaEventDestroy");
@@ -133,20 +138,9 @@ static void device_restore(int prev, int device)
         (void)rt.set_device(prev);
 }
 
-int graphd__cuda_index(const char *device)
-{
-    if (device == NULL || strncmp(device, "cuda", 4) != 0)
-        return -1;
-    if (device[4] == '\0')
-        return 0;
-    if (device[4] != ':' || device[5] < '0' || device[5] > '9')
-        return -1;
-    char *end = NULL;
-    long n = strtol(device + 5, &end, 10);
-    return (*end == '\0' && n >= 0 && n < 65536) ? (int)n : -1;
-}
-
-int graphd__cuda_open(graphd_client_t *c, int device, const uint8_t *handle, void **ptr)
+/* cudaIpcOpenMemHandle of a 64-byte handle on device (< 0: the current one); restores the
+ * caller's current device. GRAPHD_EFAILED_PRECONDITION without a CUDA runtime or on failure. */
+static int cuda_open_handle(graphd_client_t *c, int device, const uint8_t *handle, void **ptr)
 {
     pthread_once(&rt.once, load_runtime);
     if (rt.ipc_open == NULL)
@@ -172,7 +166,8 @@ int graphd__cuda_open(graphd_client_t *c, int device, const uint8_t *handle, voi
     return GRAPHD_OK;
 }
 
-void graphd__cuda_close(int device, void *ptr)
+/* Waits for the device, then cudaIpcCloseMemHandle. */
+static void cuda_close(int device, void *ptr)
 {
     if (ptr == NULL || rt.ipc_close == NULL)
         return;
@@ -210,8 +205,9 @@ static int events_for(graphd_client_t *c, int device, struct graphd__events **ou
         goto fail;
     }
     size_t len = sizeof(theirs.reserved);
-    rc = graphd__dp_exchange(c, GRAPHD_FRAME_EVENTS, (uint64_t)device, 0, ours.reserved,
-                             sizeof(ours.reserved), NULL, NULL, theirs.reserved, &len);
+    rc = graphd__dp_exchange(c, GRAPHD_FRAME_EVENTS, GRAPHD_DEVICE_CODE(GRAPHD_DEVICE_CUDA, device),
+                             0, ours.reserved, sizeof(ours.reserved), NULL, NULL, theirs.reserved,
+                             &len);
     if (rc != GRAPHD_OK)
         goto fail;
     if (len != sizeof(theirs.reserved)) {
@@ -255,15 +251,16 @@ static int seqs_for(graphd_client_t *c, int device, struct graphd__seqs **out)
                             GRAPHD__MAX_EVENT_DEVICES);
     uint8_t handle[GRAPHD__IPC_HANDLE_SIZE];
     size_t len = sizeof(handle);
-    int rc = graphd__dp_exchange(c, GRAPHD_FRAME_SEQ, (uint64_t)device, 0, NULL, 0, NULL, NULL,
-                                 handle, &len);
+    int rc =
+        graphd__dp_exchange(c, GRAPHD_FRAME_SEQ, GRAPHD_DEVICE_CODE(GRAPHD_DEVICE_CUDA, device), 0,
+                            NULL, 0, NULL, NULL, handle, &len);
     if (rc != GRAPHD_OK)
         return rc;
     if (len != sizeof(handle))
         return graphd__fail(c, GRAPHD_EPROTO, "SEQ reply with %zu bytes of handle, not %zu", len,
                             sizeof(handle));
     void *mem = NULL;
-    rc = graphd__cuda_open(c, device, handle, &mem);
+    rc = cuda_open_handle(c, device, handle, &mem);
     if (rc != GRAPHD_OK)
         return rc;
     c->seqs[c->nseqs] = (struct graphd__seqs){.device = device, .mem = mem, .last = 0};
@@ -292,9 +289,10 @@ static int replay_posted(graphd_client_t *c, struct graphd__seqs *q, void *strea
     if (err != 0)
         return graphd__fail(c, GRAPHD_EFAILED_PRECONDITION,
                             "cuStreamWrite/WaitValue64 on cuda:%d: CUresult %d", q->device, err);
-    uint64_t arg = ((uint64_t)(int64_t)phase & GRAPHD_REPLAY_PHASE_MASK) | GRAPHD_REPLAY_POSTED |
-                   ((uint64_t)q->device << GRAPHD_REPLAY_DEVICE_SHIFT) |
-                   (n << GRAPHD_REPLAY_SEQ_SHIFT);
+    uint64_t arg =
+        ((uint64_t)(int64_t)phase & GRAPHD_REPLAY_PHASE_MASK) | GRAPHD_REPLAY_POSTED |
+        (GRAPHD_DEVICE_CODE(GRAPHD_DEVICE_CUDA, q->device) << GRAPHD_REPLAY_DEVICE_SHIFT) |
+        (n << GRAPHD_REPLAY_SEQ_SHIFT);
     int rc = graphd__dp_replay_post(c, g, arg);
     if (rc != GRAPHD_OK)
         return rc;
@@ -322,13 +320,15 @@ static void seqs_release(graphd_client_t *c)
             (void)rt.stream_destroy(stream);
         }
         device_restore(prev, q->device);
-        graphd__cuda_close(q->device, q->mem);
+        cuda_close(q->device, q->mem);
     }
     c->nseqs = 0;
 }
 
-int graphd__cuda_replay_ordered(graphd_client_t *c, int device, void *stream, graphd_graph_t *g,
-                                int phase, uint64_t *launch_ns)
+/* An ordered REPLAY (GRAPHD_REPLAY_ORDERED) of g on device, in the order of stream (a
+ * cudaStream_t): see graphd_replay_stream. */
+static int cuda_replay_ordered(graphd_client_t *c, int device, void *stream, graphd_graph_t *g,
+                               int phase, uint64_t *launch_ns)
 {
     pthread_once(&rt.once, load_runtime);
     int rc = graphd__dp_drain(c); /* a posted replay that failed is reported now */
@@ -386,7 +386,9 @@ out:
     return rc;
 }
 
-void graphd__cuda_events_drop(graphd_client_t *c)
+/* Destroys the session's ordering events and releases its sequence counters, ending any wait of
+ * this process's streams on them (the session ended). */
+static void cuda_session_end(graphd_client_t *c)
 {
     seqs_release(c);
     for (size_t i = 0; i < c->nevents; i++) {
@@ -396,3 +398,44 @@ void graphd__cuda_events_drop(graphd_client_t *c)
     }
     c->nevents = 0;
 }
+
+/* ---- the cuda row ------------------------------------------------------------------------ */
+
+static int cuda_open(graphd_client_t *c, int index, const uint8_t *handle, int *fd, uint64_t size,
+                     void **ptr)
+{
+    (void)size;
+    if (*fd >= 0)
+        close(*fd); /* CUDA IPC needs none; a daemon that sends one is not refused for it */
+    *fd = -1;
+    return cuda_open_handle(c, index, handle, ptr);
+}
+
+static int cuda_copy(graphd_client_t *c, int index, void *dev, void *host, size_t n, int to_device)
+{
+    pthread_once(&rt.once, load_runtime);
+    if (rt.ipc_open == NULL || rt.memcpy == NULL)
+        return graphd__fail(c, GRAPHD_EFAILED_PRECONDITION, "device region copy: %s",
+                            rt.error[0] ? rt.error : "the CUDA runtime lacks cudaMemcpy");
+    int err;
+    int prev = device_enter(index, &err);
+    if (err == 0)
+        err = to_device ? rt.memcpy(dev, host, n, CUDA_MEMCPY_HOST_TO_DEVICE)
+                        : rt.memcpy(host, dev, n, CUDA_MEMCPY_DEVICE_TO_HOST);
+    device_restore(prev, index);
+    if (err != 0)
+        return graphd__fail(c, GRAPHD_EFAILED_PRECONDITION, "cudaMemcpy %s cuda:%d (%zu bytes): %s",
+                            to_device ? "to" : "from", index, n, cuda_str(err));
+    return GRAPHD_OK;
+}
+
+const graphd__kind_t graphd__kind_cuda = {
+    .name = "cuda",
+    .family = GRAPHD_DEVICE_CUDA,
+    .map_fd = 0,
+    .open = cuda_open,
+    .close = cuda_close,
+    .copy = cuda_copy,
+    .replay_ordered = cuda_replay_ordered,
+    .session_end = cuda_session_end,
+};

@@ -170,7 +170,7 @@ static int graph_extra_region(graphd_client_t *c, graphd_graph_t *g, uint64_t re
         int rc = graphd__region_map(c, region_id, device, &r);
         if (rc != GRAPHD_OK)
             return rc;
-        if (r->device < 0) {
+        if (r->kind == NULL) {
             graphd_region_release(r);
             return graphd__fail(c, GRAPHD_EPROTO,
                                 "graph %llu: tensor region %llu is not device memory",
@@ -466,12 +466,18 @@ int graphd_replay_stream(graphd_graph_t *g, int phase, void *stream, uint64_t *l
         return GRAPHD_EINVALID_ARGUMENT;
     graphd_client_t *c = g->client;
     c->last_error[0] = '\0';
-    if (g->region == NULL || g->region->device < 0)
+    if (g->region == NULL || g->region->kind == NULL)
         return graphd__fail(c, GRAPHD_EINVALID_ARGUMENT,
                             "graph %llu is host-staged: stream-ordered replays are for "
                             "device-resident graphs (use graphd_replay)",
                             (unsigned long long)g->id);
-    return graphd__cuda_replay_ordered(c, g->region->device, stream, g, phase, launch_ns);
+    const graphd__kind_t *kind = g->region->kind;
+    if (kind->replay_ordered == NULL)
+        return graphd__fail(c, GRAPHD_EUNIMPLEMENTED,
+                            "graph %llu is on %s:%d: libgraphd has no stream-ordered replays "
+                            "there (use graphd_replay)",
+                            (unsigned long long)g->id, kind->name, g->region->device);
+    return kind->replay_ordered(c, g->region->device, stream, g, phase, launch_ns);
 }
 
 int graphd_set_replay_posted(graphd_client_t *c, int posted)

@@ -218,6 +218,14 @@ static const column_t device_cols[] = {
     {"memory_free", "FREE"},
     {"compute_capability", "CC"},
     {"mps", "MPS"},
+    {"compute_units", "CUS"},
+    {"max_clock_mhz", "CLOCK_MHZ"},
+    {"telemetry.memory_free", "T_FREE"},
+    {"telemetry.utilisation", "UTIL"},
+    {"telemetry.memory_health", "HEALTH"},
+    {"telemetry.wedged", "WEDGED"},
+    {"uuid", "UUID"},
+    {"driver", "DRIVER"},
     {NULL, NULL},
 };
 static const column_t pool_cols[] = {
@@ -610,12 +618,45 @@ static int cmd_status(graphd_client_t *c, const opts_t *o)
     return 0;
 }
 
+/* The device as status's JSON has it: numbers the device's family or driver does not give are
+ * left out, strings are "" (the proto's absent). */
 static json_t *device_json(const graphd_device_t *d)
 {
-    return json_pack("{s:s, s:s, s:I, s:s, s:I, s:I, s:s, s:b}", "id", d->id, "kind", d->kind,
-                     "ordinal", (json_int_t)d->ordinal, "name", d->name, "memory_total",
-                     (json_int_t)d->memory_total, "memory_free", (json_int_t)d->memory_free,
-                     "compute_capability", d->compute_capability, "mps", d->mps);
+    json_t *o = json_pack("{s:s, s:s, s:I, s:s, s:I, s:I, s:s, s:b}", "id", d->id, "kind", d->kind,
+                          "ordinal", (json_int_t)d->ordinal, "name", d->name, "memory_total",
+                          (json_int_t)d->memory_total, "memory_free", (json_int_t)d->memory_free,
+                          "compute_capability", d->compute_capability, "mps", d->mps);
+    if (o == NULL)
+        return NULL;
+    json_object_set_new(o, "uuid", json_string(d->uuid));
+    if (d->compute_units != 0)
+        json_object_set_new(o, "compute_units", json_integer(d->compute_units));
+    if (d->max_clock_mhz != 0)
+        json_object_set_new(o, "max_clock_mhz", json_integer(d->max_clock_mhz));
+    json_object_set_new(o, "driver", json_string(d->driver));
+    if (!d->have_telemetry) {
+        json_object_set_new(o, "telemetry", json_null());
+        return o;
+    }
+    json_t *t = json_object();
+    json_object_set_new(t, "read_unix_ms", json_integer((json_int_t)d->telemetry_read_unix_ms));
+    json_object_set_new(t, "have_memory", json_boolean(d->have_memory));
+    json_object_set_new(t, "have_engine", json_boolean(d->have_engine));
+    json_object_set_new(t, "have_utilisation", json_boolean(d->have_utilisation));
+    json_object_set_new(t, "have_reset", json_boolean(d->have_reset));
+    if (d->have_memory) {
+        json_object_set_new(t, "memory_free", json_integer((json_int_t)d->telemetry_memory_free));
+        json_object_set_new(t, "memory_total", json_integer((json_int_t)d->telemetry_memory_total));
+    }
+    if (d->have_engine)
+        json_object_set_new(t, "engine_active_us", json_integer((json_int_t)d->engine_active_us));
+    if (d->have_utilisation)
+        json_object_set_new(t, "utilisation", json_real(d->utilisation));
+    json_object_set_new(t, "memory_health", json_string(d->memory_health));
+    if (d->have_reset)
+        json_object_set_new(t, "wedged", json_boolean(d->wedged));
+    json_object_set_new(o, "telemetry", t);
+    return o;
 }
 
 static const char *const mode_names[] = {"", "private", "group", "public"};

@@ -114,6 +114,25 @@ typedef struct graphd_device {
     /* cuda: 1 when the daemon's contexts on it go through an NVIDIA MPS server (else every
      * cross-process ordering of a device-resident replay switches GPU contexts); 0 for cpu. */
     int mps;
+    /* xpu (Level Zero); "" or 0 where the device's family does not say */
+    char uuid[40];          /* 32 lower-case hex digits */
+    uint32_t compute_units; /* slices x subslices x EUs per subslice */
+    uint32_t max_clock_mhz;
+    char driver[96]; /* "Level Zero <api major>.<minor>, driver <version>" */
+    /* Telemetry the driver reported (xpu: Sysman). have_telemetry 0: the family reads none. Each
+     * value counts only with its presence flag: a value the driver does not have is absent. */
+    int have_telemetry;
+    uint64_t telemetry_read_unix_ms;
+    int have_memory;
+    uint64_t telemetry_memory_free; /* bytes */
+    uint64_t telemetry_memory_total;
+    int have_engine;
+    uint64_t engine_active_us; /* cumulative busy time of the device's engines */
+    int have_utilisation;
+    double utilisation;     /* 0..1, busy fraction since the daemon's previous read */
+    char memory_health[16]; /* "" absent; "ok", "degraded", "critical", "replace" */
+    int have_reset;
+    int wedged; /* the device needs a reset */
 } graphd_device_t;
 
 typedef struct graphd_pool {
@@ -236,15 +255,20 @@ int graphd_pool_delete(graphd_client_t *c, const char *name /* [in] */);
 int graphd_region_alloc(graphd_client_t *c, const char *pool /* [in][optional] NULL: default */,
                         uint64_t size, graphd_region_t **out /* [out] */);
 /*
- * The same in device memory of the pool's CUDA device: the daemon allocates it (cudaMalloc) and
- * this process opens it with CUDA IPC (the CUDA runtime is loaded at run time, the first time).
- * graphd_region_ptr is then a device pointer on that device and graphd_region_is_device 1; the
- * pool's limit counts it as any region. Nothing orders this process's device work on it against
- * the daemon's: synchronise before freeing it. The daemon frees it with FreeRegion or the session
+ * The same in device memory of the pool's device (cuda:N or xpu:N): the daemon allocates it
+ * (cudaMalloc; zeMemAllocDevice) and this process opens it with IPC in its own context: CUDA IPC
+ * through the CUDA runtime, or Level Zero IPC (zeMemOpenIpcHandle, the fd passed with the handle)
+ * through the Level Zero loader (GRAPHD_ZE_LOADER, libze_loader.so.1), each loaded at run time the
+ * first time. graphd_region_ptr is then a device pointer on that device and
+ * graphd_region_is_device 1; graphd_region_read/write copy to and from it. The pool's limit counts
+ * it as any region. Nothing orders this process's device work on it against the daemon's:
+ * synchronise before freeing it. The daemon frees it with FreeRegion or the session
  * (graphd_region_free and graphd_goodbye close the IPC mapping first, after waiting for the
- * device). GRAPHD_EINVALID_ARGUMENT for a pool that is not on a cuda device;
- * GRAPHD_EFAILED_PRECONDITION when this process cannot load the CUDA runtime or open the handle
- * (the daemon's region is freed again); otherwise as graphd_region_alloc.
+ * device). GRAPHD_EINVALID_ARGUMENT for a pool that is not on a device;
+ * GRAPHD_EFAILED_PRECONDITION when this process cannot load the device's library (the message
+ * names the package: libze1 for Level Zero) or open the handle (the message names the driver);
+ * GRAPHD_ENOT_FOUND when this process does not see the device (the region is freed again in each
+ * case); otherwise as graphd_region_alloc.
  */
 int graphd_region_alloc_device(graphd_client_t *c,
                                const char *pool /* [in][optional] NULL: default */, uint64_t size,
@@ -271,8 +295,9 @@ void graphd_region_release(graphd_region_t *r /* [in][optional] consumed */);
 
 uint64_t graphd_region_id(const graphd_region_t *r);
 /* Start of the mapping: mapped_size bytes, read-write, shared with the daemon. For a device
- * region (graphd_region_is_device), a CUDA device pointer opened from the daemon's IPC handle
- * (NULL once the session has ended: the daemon frees device memory with its session). */
+ * region (graphd_region_is_device), a device pointer opened from the daemon's IPC handle in this
+ * process's context (CUDA, or Level Zero for xpu; NULL once the session has ended: the daemon
+ * frees device memory with its session). */
 void *graphd_region_ptr(const graphd_region_t *r);
 /* 1 for a region in device memory (a device-resident graph's, or graphd_region_alloc_device's),
  * 0 for a host region. */
@@ -281,6 +306,17 @@ int graphd_region_is_device(const graphd_region_t *r);
 uint64_t graphd_region_size(const graphd_region_t *r);
 /* Bytes mapped (page-rounded). */
 uint64_t graphd_region_mapped_size(const graphd_region_t *r);
+/*
+ * Copies n bytes from src into the region at offset: memcpy for a host region, a synchronous
+ * device copy for a device region (cuda: cudaMemcpy; xpu: an immediate command list in this
+ * process's Level Zero context), returning once the bytes are in the region.
+ * GRAPHD_EINVALID_ARGUMENT when [offset, offset + n) is not inside the mapping or src is NULL;
+ * GRAPHD_EFAILED_PRECONDITION when the region is unmapped (its session ended) or the copy fails
+ * (the message names the device and the driver's answer).
+ */
+int graphd_region_write(graphd_region_t *r, uint64_t offset, const void *src /* [in] */, size_t n);
+/* The other way: n bytes of the region at offset into dst. Errors as graphd_region_write. */
+int graphd_region_read(graphd_region_t *r, uint64_t offset, void *dst /* [out] */, size_t n);
 
 /*
  * The daemon's Status as one JSON object (UTF-8, NUL-terminated) with keys
@@ -458,7 +494,8 @@ int graphd_replay(graphd_graph_t *g, int phase, uint64_t *device_ns /* [out][opt
  * the replay is ordered by a pair of CUDA IPC events instead and the call waits for the daemon to
  * launch it (launch_ns: the daemon's launch time); the first such call exchanges the events
  * (EVENTS frame). Errors as graphd_replay; GRAPHD_EINVALID_ARGUMENT for a host-staged graph;
- * GRAPHD_EFAILED_PRECONDITION when the CUDA runtime cannot be loaded or refuses.
+ * GRAPHD_EFAILED_PRECONDITION when the CUDA runtime cannot be loaded or refuses;
+ * GRAPHD_EUNIMPLEMENTED for a graph on a device kind with no ordering primitives here (xpu).
  */
 int graphd_replay_stream(graphd_graph_t *g, int phase, void *stream /* [optional] */,
                          uint64_t *launch_ns /* [out][optional] */);

@@ -23,6 +23,43 @@
 #define GRAPHD__MAX_EVENT_DEVICES 16
 #define GRAPHD__MAX_DIRECT 64 /* replay connections of a session: one per executor it uses */
 
+/*
+ * A device kind (kinds.c): how libgraphd maps and touches a device region of one family, and
+ * orders replays on it. The row's library is loaded at run time, the first time a region of the
+ * kind is mapped, so that host-only clients load no device library. Adding a kind = one file
+ * (cuda.c, xpu.c) + one row.
+ */
+typedef struct graphd__kind {
+    const char *name; /* "cuda", "xpu": the device string's prefix */
+    unsigned family;  /* GRAPHD_DEVICE_*: the frames' code (GRAPHD_DEVICE_CODE) */
+    /* 1: the MAP reply carries the allocation's fd (SCM_RIGHTS) beside the handle (xpu). */
+    int map_fd;
+    /* Opens a MAP reply's GRAPHD__IPC_HANDLE_SIZE-byte handle (and *fd, -1 for none) of size
+     * bytes on device index (< 0: the kind's default) in this process; *ptr the mapping. A row
+     * that needs no fd closes it and sets *fd to -1; else the region keeps it until after close. */
+    int (*open)(graphd_client_t *c, int index, const uint8_t *handle, int *fd, uint64_t size,
+                void **ptr);
+    /* Waits for the device's work on ptr, then closes the mapping (NULL: no-op). */
+    void (*close)(int index, void *ptr);
+    /* Copies n bytes between host memory and the device memory at dev (to_device: host src to
+     * dev), synchronously. */
+    int (*copy)(graphd_client_t *c, int index, void *dev, void *host, size_t n, int to_device);
+    /* An ordered REPLAY of g in the order of stream (graphd_replay_stream); NULL: the kind has no
+     * ordering primitives in libgraphd (GRAPHD_EUNIMPLEMENTED). */
+    int (*replay_ordered)(graphd_client_t *c, int index, void *stream, graphd_graph_t *g, int phase,
+                          uint64_t *launch_ns);
+    /* Drops the session's ordering objects (the session ended); NULL: none. */
+    void (*session_end)(graphd_client_t *c);
+} graphd__kind_t;
+
+/* The kind and index of a device string ("cuda:0", "xpu:1"; a bare "cuda" is index 0); NULL for
+ * a host device or an unknown or malformed name. */
+const graphd__kind_t *graphd__kind_of(const char *device, int *index);
+/* Calls every kind's session_end (the session ended). */
+void graphd__kinds_session_end(graphd_client_t *c);
+extern const graphd__kind_t graphd__kind_cuda; /* cuda.c */
+extern const graphd__kind_t graphd__kind_xpu;  /* xpu.c */
+
 struct graphd_region {
     graphd_client_t *client;
     graphd_region_t *prev, *next; /* the client's list of open handles */
@@ -30,7 +67,10 @@ struct graphd_region {
     void *ptr;
     uint64_t size;
     uint64_t mapped_size;
-    int device; /* -1: host (ptr is an mmap); else the CUDA device ptr is an IPC mapping on */
+    /* NULL: host (ptr is an mmap); else ptr is an IPC mapping on device index `device` of kind */
+    const graphd__kind_t *kind;
+    int device; /* -1 for a host region */
+    int fd;     /* a device region's fd its kind keeps with the mapping (xpu), else -1 */
     /* Graphs holding this mapping: a daemon's graph mempool segment is mapped once per process
      * (CUDA IPC opens a handle once) and shared by the graphs whose tensors lie in it. */
     unsigned shared_refs;
@@ -195,28 +235,13 @@ void graphd__session_end(graphd_client_t *c);
 
 /*
  * Maps region_id (MAP frame): a host region's memfd with mmap, or a device region's IPC handle
- * with the CUDA runtime (cuda.c) on device ("cuda:N"; NULL: the calling thread's current device).
+ * through its kind's row on device ("cuda:N", "xpu:N"; NULL: a handle without an fd is CUDA's, on
+ * the calling thread's current device; one with an fd needs the device named).
  */
 int graphd__region_map(graphd_client_t *c, uint64_t region_id, const char *device,
                        graphd_region_t **out);
 /* Closes the IPC mapping of every device region of c (before the daemon frees the memory). */
 void graphd__regions_close_device(graphd_client_t *c);
-
-/* cuda.c: the CUDA runtime, loaded on first use. "cuda:N" => N, -1 for another name. */
-int graphd__cuda_index(const char *device);
-/* cudaIpcOpenMemHandle of a 64-byte handle on device (< 0: the current one); restores the
- * caller's current device. GRAPHD_EFAILED_PRECONDITION without a CUDA runtime or on failure. */
-int graphd__cuda_open(graphd_client_t *c, int device, const uint8_t *handle, void **ptr);
-/* Waits for the device, then cudaIpcCloseMemHandle. */
-void graphd__cuda_close(int device, void *ptr);
-
-/* An ordered REPLAY (GRAPHD_REPLAY_ORDERED) of graph_id on device, in the order of stream (a
- * cudaStream_t): see graphd_replay_stream. */
-int graphd__cuda_replay_ordered(graphd_client_t *c, int device, void *stream, graphd_graph_t *g,
-                                int phase, uint64_t *launch_ns);
-/* Destroys the session's ordering events and releases its sequence counters, ending any wait of
- * this process's streams on them (the session ended). */
-void graphd__cuda_events_drop(graphd_client_t *c);
 
 /* Unmaps and frees a graph handle without telling the daemon, dropping its reference on the
  * client. */

@@ -191,6 +191,49 @@ static int field_present(const ProtobufCFieldDescriptor *f, const ProtobufCMessa
     return 1;
 }
 
+/*
+ * Values with a presence flag (protobuf-c 1.4 has no proto3 optional): where the flag is false the
+ * values are left out of the JSON, absent rather than a 0 that reads as a reading; the flags
+ * stay, for a reader that wants them. A 0 in absent_if_zero is absent too.
+ */
+static const struct presence {
+    const char *message; /* full name */
+    const char *flag;
+    const char *fields[3];
+} presence[] = {
+    {"graphd.v1.DeviceTelemetry", "have_memory", {"memory_free", "memory_total", NULL}},
+    {"graphd.v1.DeviceTelemetry", "have_engine", {"engine_active_us", NULL}},
+    {"graphd.v1.DeviceTelemetry", "have_utilisation", {"utilisation", NULL}},
+    {"graphd.v1.DeviceTelemetry", "have_reset", {"wedged", NULL}},
+};
+static const struct {
+    const char *message;
+    const char *field;
+} absent_if_zero[] = {
+    /* A device's family that does not say (cpu, cuda) leaves these 0. (Strings stay: "" is
+     * the proto's own "absent", and a table shows it as "-".) */
+    {"graphd.v1.Device", "compute_units"},
+    {"graphd.v1.Device", "max_clock_mhz"},
+};
+
+static void drop_absent(const ProtobufCMessageDescriptor *d, json_t *obj)
+{
+    for (size_t i = 0; i < sizeof(presence) / sizeof(presence[0]); i++) {
+        if (strcmp(presence[i].message, d->name) != 0)
+            continue;
+        if (!json_is_true(json_object_get(obj, presence[i].flag)))
+            for (size_t k = 0; k < 3 && presence[i].fields[k] != NULL; k++)
+                json_object_del(obj, presence[i].fields[k]);
+    }
+    for (size_t i = 0; i < sizeof(absent_if_zero) / sizeof(absent_if_zero[0]); i++) {
+        if (strcmp(absent_if_zero[i].message, d->name) != 0)
+            continue;
+        json_t *v = json_object_get(obj, absent_if_zero[i].field);
+        if (json_is_integer(v) && json_integer_value(v) == 0)
+            json_object_del(obj, absent_if_zero[i].field);
+    }
+}
+
 static json_t *message_to_json(const ProtobufCMessage *msg)
 {
     const ProtobufCMessageDescriptor *d = msg->descriptor;
@@ -211,6 +254,7 @@ static json_t *message_to_json(const ProtobufCMessage *msg)
             return NULL;
         }
     }
+    drop_absent(d, obj);
     return obj;
 }
 

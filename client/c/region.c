@@ -1,10 +1,10 @@
 /*
  * Shared regions: AllocRegion/FreeRegion over gRPC, the memfd over the
  * session socket (MAP frame), and the caller's mapping. A device region's MAP
- * reply carries a CUDA IPC handle instead of a memfd; it is opened with the
- * CUDA runtime (cuda.c). Every handle is on its client's list and holds a
- * reference on it, so that the client outlives graphd_close until the last
- * handle is released.
+ * reply carries an IPC handle (and for xpu the allocation's fd); it is opened
+ * through the row of its device's kind (kinds.c: cuda.c, xpu.c). Every handle is on its client's
+ * list and holds a reference on it, so that the client outlives graphd_close until the last handle
+ * is released.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -37,30 +37,53 @@ static void unlink_region(graphd_region_t *r)
         r->next->prev = r->prev;
 }
 
-/* A device region: the IPC handle of a MAP reply opened on device. */
+/* A device region: the IPC handle (and fd, consumed) of a MAP reply opened through its kind's
+ * row on device; NULL device: CUDA on the current device, as before devices were named. */
 static int map_device_region(graphd_client_t *c, uint64_t region_id, uint64_t size,
-                             const char *device, const uint8_t *handle, graphd_region_t **out)
+                             const char *device, const uint8_t *handle, int fd,
+                             graphd_region_t **out)
 {
     int index = -1;
-    if (device != NULL && (index = graphd__cuda_index(device)) < 0)
-        return graphd__fail(c, GRAPHD_EPROTO,
-                            "region %llu is device memory, but its graph is on %s",
+    const graphd__kind_t *kind = &graphd__kind_cuda;
+    if (device != NULL && (kind = graphd__kind_of(device, &index)) == NULL) {
+        if (fd >= 0)
+            close(fd);
+        return graphd__fail(c, GRAPHD_EPROTO, "region %llu is device memory, but its device is %s",
                             (unsigned long long)region_id, device);
-    if (size == 0)
+    }
+    if (device == NULL && fd >= 0) {
+        close(fd);
+        return graphd__fail(c, GRAPHD_EPROTO,
+                            "region %llu is device memory that comes with a descriptor (xpu): "
+                            "map it through graphd_region_alloc_device or its graph, which name "
+                            "its device",
+                            (unsigned long long)region_id);
+    }
+    if (size == 0) {
+        if (fd >= 0)
+            close(fd);
         return graphd__fail(c, GRAPHD_EPROTO, "MAP reply for device region %llu of 0 bytes",
                             (unsigned long long)region_id);
+    }
     graphd_region_t *r = calloc(1, sizeof(*r));
-    if (r == NULL)
+    if (r == NULL) {
+        if (fd >= 0)
+            close(fd);
         return graphd__fail(c, GRAPHD_ENOMEM, "out of memory");
-    int rc = graphd__cuda_open(c, index, handle, &r->ptr);
+    }
+    int rc = kind->open(c, index, handle, &fd, size, &r->ptr);
     if (rc != GRAPHD_OK) {
+        if (fd >= 0)
+            close(fd);
         free(r);
         return rc;
     }
     r->id = region_id;
     r->size = size;
     r->mapped_size = size;
+    r->kind = kind;
     r->device = index >= 0 ? index : 0;
+    r->fd = fd;
     link_region(c, r);
     *out = r;
     return GRAPHD_OK;
@@ -78,12 +101,13 @@ int graphd__region_map(graphd_client_t *c, uint64_t region_id, const char *devic
     if (rc != GRAPHD_OK)
         return rc;
     if (handle_len != 0) {
-        if (fd >= 0)
-            close(fd);
-        if (handle_len != GRAPHD__IPC_HANDLE_SIZE)
+        if (handle_len != GRAPHD__IPC_HANDLE_SIZE) {
+            if (fd >= 0)
+                close(fd);
             return graphd__fail(c, GRAPHD_EPROTO, "MAP reply for region %llu with %zu bytes",
                                 (unsigned long long)region_id, handle_len);
-        return map_device_region(c, region_id, mapped_size, device, handle, out);
+        }
+        return map_device_region(c, region_id, mapped_size, device, handle, fd, out);
     }
     if (fd < 0)
         return graphd__fail(c, GRAPHD_EPROTO, "MAP reply for region %llu without a descriptor",
@@ -116,7 +140,9 @@ int graphd__region_map(graphd_client_t *c, uint64_t region_id, const char *devic
     r->id = region_id;
     r->size = mapped_size;
     r->mapped_size = mapped_size;
+    r->kind = NULL;
     r->device = -1;
+    r->fd = -1;
     link_region(c, r);
     *out = r;
 out:
@@ -157,7 +183,7 @@ static int region_alloc(graphd_client_t *c, const char *pool, uint64_t size, int
     graphd_region_t *r = NULL;
     /* A device region opens on the pool's device; the reply of an older daemon names none. */
     rc = graphd__region_map(c, id, device && dev[0] != '\0' ? dev : NULL, &r);
-    if (rc == GRAPHD_OK && device && r->device < 0)
+    if (rc == GRAPHD_OK && device && r->kind == NULL)
         rc = graphd__fail(c, GRAPHD_EPROTO, "region %llu: asked for device memory, got a memfd",
                           (unsigned long long)id);
     else if (rc == GRAPHD_OK && (mapped != r->mapped_size || got_size > r->mapped_size))
@@ -229,7 +255,7 @@ int graphd_region_free(graphd_client_t *c, graphd_region_t *r)
     uint64_t id = r->id;
     graphd__client_ref(c); /* r's reference may be the last */
     int rc;
-    if (r->device >= 0) { /* the daemon's cudaFree must not come before this process's close */
+    if (r->kind != NULL) { /* the daemon's free must not come before this process's close */
         graphd_region_release(r);
         rc = graphd_region_free_id(c, id);
     } else {
@@ -245,10 +271,13 @@ void graphd_region_release(graphd_region_t *r)
     if (r == NULL)
         return;
     graphd_client_t *c = r->client;
-    if (r->device >= 0)
-        graphd__cuda_close(r->device, r->ptr); /* NULL once closed at Goodbye */
-    else
+    if (r->kind != NULL) {
+        r->kind->close(r->device, r->ptr); /* NULL once closed at Goodbye */
+        if (r->fd >= 0)
+            close(r->fd);
+    } else {
         munmap(r->ptr, (size_t)r->mapped_size);
+    }
     unlink_region(r);
     free(r);
     graphd__client_unref(c);
@@ -257,15 +286,60 @@ void graphd_region_release(graphd_region_t *r)
 void graphd__regions_close_device(graphd_client_t *c)
 {
     for (graphd_region_t *r = c->regions; r != NULL; r = r->next)
-        if (r->device >= 0 && r->ptr != NULL) {
-            graphd__cuda_close(r->device, r->ptr);
+        if (r->kind != NULL && r->ptr != NULL) {
+            r->kind->close(r->device, r->ptr);
             r->ptr = NULL;
+            if (r->fd >= 0)
+                close(r->fd);
+            r->fd = -1;
         }
 }
 
 int graphd_region_is_device(const graphd_region_t *r)
 {
-    return r->device >= 0;
+    return r->kind != NULL;
+}
+
+/* The checks of graphd_region_read/write; then the copy through the region's kind or memcpy. */
+static int region_copy(graphd_region_t *r, uint64_t offset, void *host, size_t n, int to_region,
+                       const char *fn)
+{
+    if (r == NULL)
+        return graphd__fail_thread(GRAPHD_EINVALID_ARGUMENT, "%s: region is NULL", fn);
+    graphd_client_t *c = r->client;
+    c->last_error[0] = '\0';
+    if (host == NULL && n > 0)
+        return graphd__fail(c, GRAPHD_EINVALID_ARGUMENT, "%s: buffer is NULL", fn);
+    if (offset > r->mapped_size || n > r->mapped_size - offset)
+        return graphd__fail(c, GRAPHD_EINVALID_ARGUMENT,
+                            "%s: %zu bytes at offset %llu pass the end of region %llu (%llu bytes "
+                            "mapped)",
+                            fn, n, (unsigned long long)offset, (unsigned long long)r->id,
+                            (unsigned long long)r->mapped_size);
+    if (r->ptr == NULL)
+        return graphd__fail(c, GRAPHD_EFAILED_PRECONDITION,
+                            "%s: region %llu is unmapped (its session ended)", fn,
+                            (unsigned long long)r->id);
+    if (n == 0)
+        return GRAPHD_OK;
+    char *at = (char *)r->ptr + offset;
+    if (r->kind != NULL)
+        return r->kind->copy(c, r->device, at, host, n, to_region);
+    if (to_region)
+        memcpy(at, host, n);
+    else
+        memcpy(host, at, n);
+    return GRAPHD_OK;
+}
+
+int graphd_region_write(graphd_region_t *r, uint64_t offset, const void *src, size_t n)
+{
+    return region_copy(r, offset, (void *)src, n, 1, "graphd_region_write");
+}
+
+int graphd_region_read(graphd_region_t *r, uint64_t offset, void *dst, size_t n)
+{
+    return region_copy(r, offset, dst, n, 0, "graphd_region_read");
 }
 
 uint64_t graphd_region_id(const graphd_region_t *r)

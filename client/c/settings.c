@@ -64,6 +64,9 @@ static const setting_t settings[] = {
      "device-resident captures of the Python package: 1 has BACKWARD copy each parameter "
      "gradient into the graph's own region instead of leaving it in the graph mempool (C "
      "callers set graphd_capture_opts_t.copy_param_grads)"},
+    {"GRAPHD_ZE_LOADER", SET_PATH, "libze_loader.so.1", NULL, 0, 0, NULL,
+     "the Level Zero loader libgraphd loads (dlopen) the first time it maps an xpu region "
+     "(Debian: package libze1); a name is searched as dlopen does, a path taken as given"},
 };
 
 #define NSETTINGS (sizeof(settings) / sizeof(settings[0]))

@@ -169,14 +169,15 @@ static void both_cpu_devices_are_listed(void **state)
     assert_int_equal(harness_run(table, out, sizeof(out), err, sizeof(err), 10000), 0);
     assert_non_null(strstr(out, "cpu:0"));
     assert_non_null(strstr(out, "cpu:1"));
-    /* The MPS column, last: "-" for CPU devices. */
-    assert_non_null(strstr(out, "  MPS\n"));
+    /* The MPS column and the xpu ones (DRIVER last): "-" for CPU devices, absent, not 0. */
+    assert_non_null(strstr(out, "  MPS  "));
+    assert_non_null(strstr(out, "  DRIVER\n"));
     for (const char *line = strstr(out, "\ncpu:"); line != NULL;
          line = strstr(line + 1, "\ncpu:")) {
         const char *eol = strchr(line + 1, '\n');
         assert_non_null(eol);
         if (eol - line < 4 || strncmp(eol - 3, "  -", 3) != 0)
-            fail_msg("a cpu row of graphctl devices does not end with MPS '-':\n%s", out);
+            fail_msg("a cpu row of graphctl devices does not end with DRIVER '-':\n%s", out);
     }
     const char *as_json[] = {path, "--address", f->h.address, "--json", "devices", NULL};
     assert_int_equal(harness_run(as_json, out, sizeof(out), err, sizeof(err), 10000), 0);

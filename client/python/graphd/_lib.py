@@ -36,7 +36,15 @@ class Device(ctypes.Structure):
     _fields_ = [("id", ctypes.c_char * 64), ("kind", ctypes.c_char * 16),
                 ("name", ctypes.c_char * 128), ("compute_capability", ctypes.c_char * 32),
                 ("ordinal", ctypes.c_uint32), ("memory_total", ctypes.c_uint64),
-                ("memory_free", ctypes.c_uint64), ("mps", ctypes.c_int)]
+                ("memory_free", ctypes.c_uint64), ("mps", ctypes.c_int),
+                ("uuid", ctypes.c_char * 40), ("compute_units", ctypes.c_uint32),
+                ("max_clock_mhz", ctypes.c_uint32), ("driver", ctypes.c_char * 96),
+                ("have_telemetry", ctypes.c_int), ("telemetry_read_unix_ms", ctypes.c_uint64),
+                ("have_memory", ctypes.c_int), ("telemetry_memory_free", ctypes.c_uint64),
+                ("telemetry_memory_total", ctypes.c_uint64), ("have_engine", ctypes.c_int),
+                ("engine_active_us", ctypes.c_uint64), ("have_utilisation", ctypes.c_int),
+                ("utilisation", ctypes.c_double), ("memory_health", ctypes.c_char * 16),
+                ("have_reset", ctypes.c_int), ("wedged", ctypes.c_int)]
 
 
 class Pool(ctypes.Structure):
@@ -139,6 +147,8 @@ _PROTOS = {
     "graphd_region_is_device": (_c.c_int, [_P]),
     "graphd_region_size": (_c.c_uint64, [_P]),
     "graphd_region_mapped_size": (_c.c_uint64, [_P]),
+    "graphd_region_write": (_c.c_int, [_P, _c.c_uint64, _c.c_void_p, _c.c_size_t]),
+    "graphd_region_read": (_c.c_int, [_P, _c.c_uint64, _c.c_void_p, _c.c_size_t]),
 }
 
 _lock = threading.Lock()

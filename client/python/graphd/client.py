@@ -100,10 +100,12 @@ class Graph:
 
 class Region:
     """A shared region of a client's session (Client.alloc_region): host memory mapped here, or,
-    when is_device, device memory of the pool's CUDA device opened here with CUDA IPC. ptr is its
-    address in this process (a CUDA device pointer when is_device), valid until free() or the
-    client's close(), which ends the session (the daemon frees its regions). Freed when garbage
-    collected if free() was not called."""
+    when is_device, device memory of the pool's device (cuda:N or xpu:N) opened here with IPC in
+    this process's own context (CUDA IPC; Level Zero IPC, the loader libze_loader.so.1 loaded by
+    libgraphd). ptr is its address in this process (a device pointer when is_device), valid until
+    free() or the client's close(), which ends the session (the daemon frees its regions). read()
+    and write() copy to and from it, host or device. Freed when garbage collected if free() was
+    not called."""
 
     def __init__(self, client, handle, pool):
         L = _lib.lib()
@@ -117,6 +119,41 @@ class Region:
         self.is_device = bool(L.graphd_region_is_device(handle))
         self._finalizer = weakref.finalize(self, client._free_region, handle)
         self._finalizer.atexit = False
+
+    def _live_handle(self):
+        if not self._finalizer.alive:
+            raise ValueError("graphd region %d is freed" % self.id)
+        return self._handle
+
+    def write(self, data, offset=0):
+        """Copies data (bytes, bytearray, memoryview or anything with the buffer protocol) into
+        the region at offset: memcpy for a host region, a synchronous device copy for a device
+        region. graphd.InvalidArgument when it does not fit."""
+        mv = memoryview(data).cast("B")
+        n = mv.nbytes
+        if n and mv.readonly:
+            buf = (ctypes.c_char * n).from_buffer_copy(mv)
+        elif n:
+            buf = (ctypes.c_char * n).from_buffer(mv)
+        else:
+            buf = None
+        with self._client._lock:
+            rc = _lib.lib().graphd_region_write(self._live_handle(), int(offset), buf, n)
+            if rc != 0:
+                raise self._client._fail(rc, "graphd_region_write failed")
+
+    def read(self, n, offset=0):
+        """n bytes of the region at offset, as bytes (a synchronous device copy for a device
+        region). graphd.InvalidArgument when they are not inside the region."""
+        n = int(n)
+        if n < 0:
+            raise ValueError("graphd region read of %d bytes" % n)
+        buf = ctypes.create_string_buffer(max(n, 1))
+        with self._client._lock:
+            rc = _lib.lib().graphd_region_read(self._live_handle(), int(offset), buf, n)
+            if rc != 0:
+                raise self._client._fail(rc, "graphd_region_read failed")
+        return buf.raw[:n]
 
     def free(self):
         """FreeRegion, then unmaps it here (a device region's mapping is closed first, after
@@ -262,14 +299,15 @@ class Client:
     @recovery.retrying
     def devices(self):
         """Devices the daemon serves: dicts with id, kind, name, compute_capability, ordinal,
-        memory_total, memory_free and mps (bool: on a CUDA device, the daemon's contexts go
+        memory_total, memory_free, mps (bool: on a CUDA device, the daemon's contexts go
         through an NVIDIA MPS server, without which every cross-process ordering of a
-        device-resident replay switches GPU contexts; False for CPU devices)."""
-        devs = [self._struct_dict(d) for d in self._list(_lib.lib().graphd_list_devices,
-                                                          _lib.Device)]
-        for d in devs:
-            d["mps"] = bool(d["mps"])
-        return devs
+        device-resident replay switches GPU contexts; False for CPU devices), and what Level Zero
+        says of an xpu device: uuid, compute_units, max_clock_mhz, driver (None where the
+        device's family does not say) and telemetry: None when the family reads none, else a dict
+        with read_unix_ms, memory_free, memory_total, engine_active_us, utilisation (0..1),
+        memory_health and wedged, each None when the driver does not report it (never a 0 standing
+        in for "unknown")."""
+        return [_device_dict(d) for d in self._list(_lib.lib().graphd_list_devices, _lib.Device)]
 
     @recovery.retrying
     def pools(self):
@@ -378,9 +416,30 @@ class Client:
     def alloc_region(self, size, pool=None, device=False):
         """Allocates a shared region of size bytes for this client's session in pool (a
         PoolHandle, a pool name, or None: the daemon's default pool) and maps it here: host
-        memory, or with device=True device memory of the pool's CUDA device, opened here with
-        CUDA IPC (graphd.InvalidArgument for a pool that is not on a cuda device). Returns a
-        Region. graphd.ResourceExhausted past the pool's limit."""
+        memory, or with device=True device memory of the pool's device, opened here with IPC
+        (graphd.InvalidArgument for a pool that is not on a device). device may also name the
+        device ("xpu:0", "cuda:0"): with pool None the region goes to this uid's owner-only pool
+        on that device (regions-<device>-<uid>, made if need be); a pool named on another device
+        is a ValueError. An xpu region is mapped through Level Zero in this process's own
+        context (graphd.FailedPrecondition naming the package, libze1, when the loader is
+        missing). Returns a Region (read/write for device memory). graphd.ResourceExhausted past
+        the pool's limit."""
+        if isinstance(device, str) or (device not in (False, True, None, 0, 1)
+                                       and hasattr(device, "type")):
+            dev = self.check_device(device)
+            if dev.startswith("cpu"):
+                raise ValueError("graphd: device=%r is the host: use device=False for a host "
+                                 "region" % (device,))
+            if pool is None:
+                pool = "regions-%s-%d" % (dev.replace(":", ""), os.getuid())
+                _pool_on(self, pool, dev, False, True)
+            else:
+                name = pool.name if isinstance(pool, PoolHandle) else pool
+                info = next((p for p in self.pools() if p["name"] == name), None)
+                if info is not None and info["device"] != dev:
+                    raise ValueError("graphd pool %r is on %s, not %s" % (name, info["device"],
+                                                                           dev))
+            device = True
         pool_name = pool.name if isinstance(pool, PoolHandle) else pool
         L = _lib.lib()
         fn = L.graphd_region_alloc_device if device else L.graphd_region_alloc
@@ -583,6 +642,29 @@ def _pool_on(c, name, dev, owned, must_match):
         elif must_match and info["device"] != dev:
             raise ValueError("graphd pool %r is on %s, not %s" % (name, info["device"], dev))
     return info["device"]
+
+
+def _device_dict(s):
+    """A graphd_device_t as Client.devices() gives it: absent values None, not 0."""
+    def text(v):
+        return _lib.text(v) or None
+
+    d = {"id": _lib.text(s.id), "kind": _lib.text(s.kind), "name": _lib.text(s.name),
+         "compute_capability": _lib.text(s.compute_capability), "ordinal": s.ordinal,
+         "memory_total": s.memory_total, "memory_free": s.memory_free, "mps": bool(s.mps),
+         "uuid": text(s.uuid), "compute_units": s.compute_units or None,
+         "max_clock_mhz": s.max_clock_mhz or None, "driver": text(s.driver), "telemetry": None}
+    if s.have_telemetry:
+        d["telemetry"] = {
+            "read_unix_ms": s.telemetry_read_unix_ms,
+            "memory_free": s.telemetry_memory_free if s.have_memory else None,
+            "memory_total": s.telemetry_memory_total if s.have_memory else None,
+            "engine_active_us": s.engine_active_us if s.have_engine else None,
+            "utilisation": s.utilisation if s.have_utilisation else None,
+            "memory_health": text(s.memory_health),
+            "wedged": bool(s.wedged) if s.have_reset else None,
+        }
+    return d
 
 
 def _close_all():
