@@ -995,12 +995,12 @@ static void without_driver(void **state)
     (void)state;
     const char *none[] = {"ZE_ENABLE_ALT_DRIVERS", NULL};
     expect_no_xpu(none, NULL,
-                  "info: no xpu device listed: no Level Zero driver: zeInit answered "
+                  "info  no xpu device listed: no Level Zero driver: zeInit answered "
                   "ZE_RESULT_ERROR_UNINITIALIZED");
     const char *init_fail[] = {"GRAPHD_ZE_TEST_INIT_FAIL=1", NULL};
-    expect_no_xpu(init_fail, NULL, "info: no xpu device listed: no Level Zero driver");
+    expect_no_xpu(init_fail, NULL, "info  no xpu device listed: no Level Zero driver");
     const char *off[] = {"--xpu", "off", NULL};
-    expect_no_xpu(NULL, off, "info: no xpu device listed: xpu = off");
+    expect_no_xpu(NULL, off, "info  no xpu device listed: xpu = off");
 }
 
 /* ---- modes -------------------------------------------------------------------------------- */
