@@ -461,9 +461,33 @@ static void session_gone(graphd_client_t *watch, uint64_t sid, uint64_t gid);
 /* Ordered replays (CUDA IPC events) on a daemon without CUDA devices, and the malformed
  * frames around them: refused with a reply, the session going on; only a wrong message length
  * breaks the stream. */
+/* These two are about a daemon without CUDA devices; on a GPU machine tests/python/test_cuda.py
+ * covers ordered and posted replays. */
+static void skip_on_a_cuda_machine(fixture_t *f)
+{
+    graphd_client_t *c = harness_client(&f->h, "devices");
+    assert_non_null(c);
+    json_t *st = harness_status(c);
+    size_t i;
+    json_t *d;
+    int cuda = 0;
+    json_array_foreach(json_object_get(st, "devices"), i, d)
+    {
+        const char *kind = json_string_value(json_object_get(d, "kind"));
+        cuda |= kind != NULL && strcmp(kind, "cuda") == 0;
+    }
+    json_decref(st);
+    graphd_close(c);
+    if (cuda) {
+        fprintf(stderr, "skipped: the daemon has CUDA devices (test_cuda.py covers them)\n");
+        skip();
+    }
+}
+
 static void ordered_replays_without_cuda(void **state)
 {
     fixture_t *f = *state;
+    skip_on_a_cuda_machine(f);
     int fd;
     graphd_client_t *c = dp_client_with_fd(&f->h, "ordered", &fd);
     graphd_graph_t *g = capture_mlp(c, f, 0);
@@ -534,6 +558,7 @@ static void ordered_replays_without_cuda(void **state)
 static void posted_replays_without_cuda(void **state)
 {
     fixture_t *f = *state;
+    skip_on_a_cuda_machine(f);
     int fd;
     graphd_client_t *c = dp_client_with_fd(&f->h, "posted", &fd);
     graphd_graph_t *g = capture_mlp(c, f, 0);

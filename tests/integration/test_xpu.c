@@ -488,6 +488,19 @@ static void hex16(const uint8_t *b, char *out)
 
 /* ---- tests -------------------------------------------------------------------------------- */
 
+/* Devices in a Status reply other than CUDA ones (which a GPU machine adds to every list). */
+static size_t devices_but_cuda(json_t *devs)
+{
+    size_t n = 0, i;
+    json_t *d;
+    json_array_foreach(devs, i, d)
+    {
+        const char *kind = json_string_value(json_object_get(d, "kind"));
+        n += kind == NULL || strcmp(kind, "cuda") != 0;
+    }
+    return n;
+}
+
 /* Both test devices are listed with their Level Zero properties (ListDevices, Status), and read
  * Sysman telemetry with presence flags; the cpu has none. */
 static void devices_and_telemetry(void **state)
@@ -498,7 +511,7 @@ static void devices_and_telemetry(void **state)
     json_t *st = harness_status(f.c);
     assert_non_null(st);
     json_t *devs = json_object_get(st, "devices");
-    assert_int_equal(json_array_size(devs), 3);
+    assert_int_equal(devices_but_cuda(devs), 3);
     json_t *cpu = harness_find(devs, "id", "cpu:0");
     assert_non_null(cpu);
     assert_true(json_is_null(json_object_get(cpu, "telemetry")));
@@ -975,7 +988,7 @@ static void expect_no_xpu(const char *const *knobs, const char *const *args, con
     start(&f, knobs, args);
     json_t *st = harness_status(f.c);
     json_t *devs = json_object_get(st, "devices");
-    assert_int_equal(json_array_size(devs), 1);
+    assert_int_equal(devices_but_cuda(devs), 1);
     assert_non_null(harness_find(devs, "id", "cpu:0"));
     json_decref(st);
     const char *log = daemon_log(&f);
