@@ -24,7 +24,7 @@ NPROC    := $(shell nproc 2>/dev/null || echo 2)
 DEB_PKGS := build-essential pkg-config libgrpc-dev libprotobuf-c-dev protobuf-c-compiler \
             libuv1-dev libcmocka-dev libze-dev libtorch-dev python3-torch python3-pytest python3-yaml \
             libsystemd-dev libjansson-dev libinih-dev libssl-dev libseccomp-dev openssl clang-format cppcheck clang-tidy procps \
-            libmicrohttpd-dev
+            libmicrohttpd-dev flake8
 PC_PKGS  := grpc libprotobuf-c libuv jansson inih libsystemd libcrypto libseccomp
 # libmicrohttpd serves /metrics (daemon/metrics.c). Optional: where pkg-config does not find it,
 # graphd still builds, and refuses to start with a non-empty metrics_listen.
@@ -316,6 +316,13 @@ lint: $(GEN_H)
 	  -DPROTOBUF_C_VERSION_NUMBER=1004001 -DPROTOBUF_C_MIN_COMPILER_VERSION=1000000 \
 	  $(filter %.c,$(C_FILES))
 	$(if $(GR_CXXSRC),clang-tidy --quiet $(GR_CXXSRC) -- -std=c++17 $(INCLUDES) $(TORCH_CFLAGS))
+	flake8 client/python tests/python bench docs/man
+	@if [ -d "$(CUDA_HEADERS)/torch_include" ]; then \
+	  echo "  TIDY   graph_runtime/family_cuda.cpp (CUDA_HEADERS=$(CUDA_HEADERS))"; \
+	  clang-tidy --quiet graph_runtime/family_cuda.cpp -- -std=c++17 -DGR_HAVE_CUDA $(INCLUDES) \
+	    -isystem $(CUDA_HEADERS)/torch_include -isystem $(CUDA_HEADERS)/torch_include/torch/csrc/api/include \
+	    -isystem $(CUDA_HEADERS)/cuda_include; \
+	else echo "  SKIP   clang-tidy of graph_runtime/family_cuda.cpp: set CUDA_HEADERS (see make cuda-check)"; fi
 
 # Compile-checks (-fsyntax-only) the runtime's C++ with the CUDA family on a machine whose torch has
 # no CUDA: CUDA_HEADERS holds torch_include/ (a CUDA torch's include directory) and cuda_include/

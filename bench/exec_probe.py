@@ -6,7 +6,11 @@ GPU machine only.
 
   bench/exec_probe.py [--preload SO] [EXECUTOR [DEVICE]]
 """
-import os, socket, struct, subprocess, sys
+import os
+import socket
+import struct
+import subprocess
+import sys
 
 GX_MAGIC, READY, POOL_CREATE = 0x47584543, 1, 4
 HDR = struct.Struct("=IIQQiI")
@@ -51,9 +55,11 @@ def probe(exe, device, extra, preload):
         _, at = get_str(ready, 0)
         nnp, abi, sc = struct.unpack_from("=III", ready, at)
         off, _ = get_str(ready, at + 12)
-        sandbox = "[nnp %d landlock %d seccomp %d%s]" % (nnp, abi, sc, ("; off: " + off) if off else "")
+        sandbox = "[nnp %d landlock %d seccomp %d%s]" % (nnp, abi, sc,
+                                                         ("; off: " + off) if off else "")
         dev = device.encode()
-        ch.sendall(HDR.pack(GX_MAGIC, POOL_CREATE, 1, 4 + len(dev), 0, 0) + struct.pack("=I", len(dev)) + dev)
+        ch.sendall(HDR.pack(GX_MAGIC, POOL_CREATE, 1, 4 + len(dev), 0, 0)
+                   + struct.pack("=I", len(dev)) + dev)
         h = HDR.unpack(recv_exact(ch, HDR.size))
         body = recv_exact(ch, h[3])
         what = "ok" if h[4] == 0 else "rc %d: %s" % (h[4], body.decode(errors="replace"))

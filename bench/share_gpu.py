@@ -228,7 +228,7 @@ def tail(path, n=25):
         lines = Path(path).read_text(errors="replace").splitlines()
     except OSError:
         return ""
-    return "\n".join("    " + l for l in lines[-n:])
+    return "\n".join("    " + line for line in lines[-n:])
 
 
 def find_nvidia_smi():
@@ -266,7 +266,7 @@ class MemReader:
     def _smi(self, query):
         out = subprocess.run([self.smi, "-i", self.gpu, query, "--format=csv,noheader,nounits"],
                              capture_output=True, text=True, timeout=30, check=True).stdout
-        return [l for l in out.splitlines() if l.strip()]
+        return [line for line in out.splitlines() if line.strip()]
 
     def read(self):
         """(used MiB device-wide, {pid: MiB} or None)."""

@@ -149,6 +149,7 @@ class Double(nn.Module):
 
 def quantiles(ns):
     ns = sorted(ns)
+
     def q(p):  # nearest rank
         return ns[min(len(ns) - 1, max(0, int(-(-p * len(ns) // 1)) - 1))] / 1e3
     return q(0.50), q(0.99)

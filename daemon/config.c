@@ -34,7 +34,8 @@ const gd_setting_t gd_settings[] = {
      "PEM private key for a TCP listener", NULL},
     {"metrics_listen", GD_CFG_STRING, FIELD(metrics_listen), "", 0, 0, false,
      "address of the Prometheus endpoint GET /metrics: IP:PORT, e.g. 127.0.0.1:9464 or "
-     "[::1]:9464 (empty: off; docs/OPERATIONS.md lists the metrics)", NULL},
+     "[::1]:9464 (empty: off; docs/OPERATIONS.md lists the metrics)",
+     NULL},
     {"log_level", GD_CFG_LOG_LEVEL, FIELD(log_level), "info", 0, 3, true,
      "error, warn, info or debug", NULL},
     {"max_message_bytes", GD_CFG_BYTES, FIELD(max_message_bytes), "64Mi", 1 * KiB, 2 * GiB - 1,

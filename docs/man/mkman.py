@@ -52,7 +52,8 @@ def graphd_8(table, version):
           "sandbox. The Python client (\\fBimport graphd\\fR) is a drop-in for "
           "\\fBtorch.cuda.make_graphed_callables\\fR.\n")
     s += ".SH OPTIONS\n"
-    for opt, text in (("\\-\\-config \\fIFILE\\fR", "settings file (default /etc/graphd/graphd.conf)."),
+    for opt, text in (("\\-\\-config \\fIFILE\\fR",
+                       "settings file (default /etc/graphd/graphd.conf)."),
                       ("\\-\\-check\\-config", "read and check the settings, print them, and exit "
                        "(status 1 and the first error when they are wrong)."),
                       ("\\-\\-version", "print the version and exit."),
@@ -95,8 +96,9 @@ def graphctl_1(help_text, version):
     s += ".SH NAME\ngraphctl \\- look at and manage a graphd daemon\n"
     s += ".SH SYNOPSIS\n.B graphctl\n[\\fIOPTIONS\\fR] \\fICOMMAND\\fR\n.SH DESCRIPTION\n"
     s += ".nf\n" + esc(help_text.rstrip("\n")) + "\n.fi\n"
-    s += (".SH ENVIRONMENT\n.TP\n.B GRAPHD_ADDRESS\nthe daemon's address when \\fB\\-\\-address\\fR "
-          "is not given.\n.SH SEE ALSO\n\\fBgraphd\\fR(8), \\fBgraphd.conf\\fR(5)\n")
+    s += (".SH ENVIRONMENT\n.TP\n.B GRAPHD_ADDRESS\nthe daemon's address when "
+          "\\fB\\-\\-address\\fR is not given.\n"
+          ".SH SEE ALSO\n\\fBgraphd\\fR(8), \\fBgraphd.conf\\fR(5)\n")
     return s
 
 

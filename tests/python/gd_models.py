@@ -111,9 +111,9 @@ CASES = {c.name: c for c in (_mlp_case(), _cnn_case(), _two_case(), _fn_case())}
 def train_side_by_side(case, opt_kind, steps=100, seed=0, pool=None, on_step=None,
                        opt_before=False, on_ready=None, device=None):
     """Trains the case eagerly and through graphd (make_graphed_callables' pool and device) from
-    the same start for `steps` steps (MSE loss). on_ready(graphed callables) runs once they are made; on_step(step, graphd loss) after
-    every step, and a true result stops the run early. Returns (eager losses, graphd losses,
-    eager params, graphd params)."""
+    the same start for `steps` steps (MSE loss). on_ready(graphed callables) runs once they are
+    made; on_step(step, graphd loss) after every step, and a true result stops the run early.
+    Returns (eager losses, graphd losses, eager params, graphd params)."""
     torch.manual_seed(seed)
     callables, params, fwd = case.build()
     # The twin: for a function, its weight tensors; for modules, the modules themselves.

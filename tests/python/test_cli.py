@@ -88,8 +88,8 @@ def start_and_stop(tmp_path, env_extra=None, journal=False):
 
 def test_log_off_a_terminal_has_timestamps_and_journald_gets_priorities(tmp_path):
     lines = start_and_stop(tmp_path)
-    assert lines and all(re.match(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z (info|warn|error|debug) ",
-                                  line) for line in lines), lines[:3]
+    stamp = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z (info|warn|error|debug) "
+    assert lines and all(re.match(stamp, line) for line in lines), lines[:3]
     # A socket group that does not exist is a warning, once, that says what to do.
     warned = [line for line in lines if "socket_group 'no-such-group-gd' does not exist" in line]
     assert len(warned) == 1 and " warn " in warned[0] and "groupadd" in warned[0]

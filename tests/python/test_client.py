@@ -176,4 +176,5 @@ def test_performance_warning_without_mps():
         for dev in ("cuda:7", "cuda:7", "cuda:8", "cuda:9"):
             graphs._warn_without_mps(fake, dev)
     assert [w.category for w in caught] == [graphd.PerformanceWarning]
-    assert "cuda:7" in str(caught[0].message) and "nvidia-cuda-mps-control" in str(caught[0].message)
+    message = str(caught[0].message)
+    assert "cuda:7" in message and "nvidia-cuda-mps-control" in message

@@ -21,6 +21,7 @@ def cuda_device(daemon):
     if not any(d["id"] == "cuda:0" for d in graphd.default_client().devices()):
         pytest.skip("the daemon has no cuda:0 device")
 
+
 RT = dict(rtol=1e-4, atol=1e-5)
 
 
@@ -74,8 +75,8 @@ def test_two_callables_share_a_cuda_pool():
     ea, eb = copy.deepcopy(a), copy.deepcopy(b)
     x = torch.randn(8, 32, requires_grad=True)
     pool = graphd.graph_pool_handle("cuda-shared", device="cuda:0")
-    ga, gb = graphd.make_graphed_callables((a, b), ((x,), (torch.randn(8, 32, requires_grad=True),)),
-                                           pool=pool)
+    y = torch.randn(8, 32, requires_grad=True)
+    ga, gb = graphd.make_graphed_callables((a, b), ((x,), (y,)), pool=pool)
     xi = torch.randn(8, 32, requires_grad=True)
     xe = xi.detach().clone().requires_grad_()
     gb(ga(xi)).pow(2).sum().backward()

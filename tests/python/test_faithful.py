@@ -132,7 +132,7 @@ def test_plain_tensor_attribute_follows_in_place_updates():
     m = PlainAttribute()
     eager = copy.deepcopy(m)
     x = torch.randn(3, 4)
-    g = graphd.make_graphed_callables(m, (x,))
+    graphd.make_graphed_callables(m, (x,))  # a module is graphed in place (its forward)
     opt, opt_e = torch.optim.SGD(m.parameters(), lr=0.1), torch.optim.SGD(eager.parameters(),
                                                                            lr=0.1)
     for step in range(4):

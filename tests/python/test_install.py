@@ -34,7 +34,9 @@ def test_install_then_uninstall(tmp_path):
     dest.mkdir()
     r = make("install", dest=dest)
     assert r.returncode == 0, r.stdout + r.stderr
-    p = lambda rel: os.path.join(str(dest), rel.lstrip("/"))
+
+    def p(rel):
+        return os.path.join(str(dest), rel.lstrip("/"))
 
     # The daemon looks for its executor beside itself, else in ../libexec/graphd/.
     assert os.access(p(PREFIX + "/sbin/graphd"), os.X_OK)

@@ -114,6 +114,7 @@ def test_two_processes_share_a_pool():
         a.kill()
         b.kill()
     # Both sessions ended (Goodbye at exit): the pool holds nothing of theirs.
+
     def empty():
         st = graphd.default_client().status()
         pool = next(p for p in st["pools"] if p["name"] == "shared")

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """A training process for the multi-process tests: trains a case side by side eagerly and
-through graphd (pool = graphd.graph_pool_handle(NAME, device=DEVICE)) and reports on stdout, one line each:
+through graphd (pool = graphd.graph_pool_handle(NAME, device=DEVICE)) and reports on stdout,
+one line each:
 
     captured <session id> <pid> <graph ids, comma-separated>
     step <k> <graphd loss>                  (every --every steps)

@@ -49,8 +49,8 @@ Where graphd differs, and why:
   the daemon's launch; GRAPHD_REPLAY_ORDER=sync synchronises both sides. The parameter
   gradients stay where the daemon's backward graph computes them, in its graph mempool, mapped
   here too, so no step copies them (GRAPHD_COPY_PARAM_GRADS=1: the backward graph copies them
-  into the graph's own memory, for comparison). A CPU module with device="cuda:N" stays host-staged: its replays
-  have finished when they return.
+  into the graph's own memory, for comparison). A CPU module with device="cuda:N" stays
+  host-staged: its replays have finished when they return.
 """
 import copy
 import ctypes
@@ -64,7 +64,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from . import _lib, recovery
 from .client import PoolHandle, default_client, graph_pool_handle, normalize_device
 from .errors import PerformanceWarning, make_error
-from .tracing import WRAPPED, callable_name, trace as _trace
+from .tracing import callable_name, trace as _trace
 
 _DTYPES = {
     torch.float32: _lib.DTYPE_FLOAT32, torch.float64: _lib.DTYPE_FLOAT64,
@@ -89,6 +89,7 @@ _ARGS_MSG = ("In the beta API, sample_args for each callable must contain only T
              "types are not allowed.")
 _AUTOCAST_MSG = ("make_graphed_callables does not support the autocast caching. Please set "
                  "`cache_enabled=False`.")
+
 
 def _autocast_enabled():
     """Upstream's check (CUDA autocast), and CPU autocast: graphd's graphs run on the CPU."""
@@ -458,7 +459,6 @@ _BACKWARD_STALE = (
     "runs the original forward)")
 
 _RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # looked up once
-
 
 
 def _current_raw_stream(device):
