@@ -84,6 +84,60 @@ const char *graphd_setting_name(size_t index)
     return index < NSETTINGS ? settings[index].name : NULL;
 }
 
+/*
+ * An address graphd listens on: unix:/ABSOLUTE/PATH (or the bare path), unix-abstract:NAME, or
+ * HOST:PORT (TLS), as gRPC takes them. Anything else is refused here with what to write instead:
+ * gRPC would take a relative path or a URL for a DNS name and fail with its resolver's words,
+ * and the session socket (the data plane) would fail with "Failed parsing HTTP/2".
+ */
+static int normalize_address(const char *name, const char *value, char *out, size_t size, char *err,
+                             size_t errlen)
+{
+    static const char expected[] = "expected unix:/ABSOLUTE/PATH (or the bare absolute path) of "
+                                   "graphd's control socket, or HOST:PORT of a TLS listener";
+    const char *path = NULL;
+    if (value[0] == '/')
+        path = value;
+    else if (strncmp(value, "unix:", 5) == 0)
+        path = value + 5;
+    if (path != NULL) {
+        if (path[0] != '/') {
+            snprintf(err, errlen, "%s=%s is not valid: a unix socket path must be absolute (%s)",
+                     name, value, expected);
+            return GRAPHD_EINVALID_ARGUMENT;
+        }
+        size_t n = strlen(path);
+        if (n >= 8 && strcmp(path + n - 8, ".session") == 0) {
+            snprintf(err, errlen,
+                     "%s=%s is not valid: that is graphd's session socket (its data plane); give "
+                     "the control socket, unix:%.*s",
+                     name, value, (int)(n - 8), path);
+            return GRAPHD_EINVALID_ARGUMENT;
+        }
+        snprintf(out, size, "unix:%s", path);
+        return GRAPHD_OK;
+    }
+    if (strncmp(value, "unix-abstract:", 14) == 0 || strncmp(value, "dns:", 4) == 0 ||
+        strncmp(value, "ipv4:", 5) == 0 || strncmp(value, "ipv6:", 5) == 0) {
+        snprintf(out, size, "%s", value);
+        return GRAPHD_OK;
+    }
+    const char *colon = strrchr(value, ':');
+    const char *scheme = strstr(value, "://");
+    char *end = NULL;
+    unsigned long port = colon ? strtoul(colon + 1, &end, 10) : 0;
+    if (scheme != NULL || colon == NULL || colon == value || colon[1] == '\0' || *end != '\0' ||
+        port == 0 || port > 65535 || strchr(value, '/') != NULL) {
+        snprintf(err, errlen, "%s=%s is not valid: %s%s", name, value, expected,
+                 scheme                                ? " (not a URL)"
+                 : strchr(value, '/') || colon == NULL ? " (a path must be absolute)"
+                                                       : "");
+        return GRAPHD_EINVALID_ARGUMENT;
+    }
+    snprintf(out, size, "%s", value);
+    return GRAPHD_OK;
+}
+
 /* Checks value against s's type; on success writes the normalized value to out, which has room
  * for GRAPHD__SETTING_MAX + 8 bytes (value is shorter than GRAPHD__SETTING_MAX). */
 static int normalize(const setting_t *s, const char *value, char *out, char *err, size_t errlen)
@@ -91,8 +145,7 @@ static int normalize(const setting_t *s, const char *value, char *out, char *err
     const size_t size = GRAPHD__SETTING_MAX + 8;
     switch (s->type) {
     case SET_ADDRESS:
-        snprintf(out, size, "%s%s", value[0] == '/' ? "unix:" : "", value);
-        return GRAPHD_OK;
+        return normalize_address(s->name, value, out, size, err, errlen);
     case SET_PATH:
         snprintf(out, size, "%s", value);
         return GRAPHD_OK;

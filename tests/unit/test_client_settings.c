@@ -97,6 +97,10 @@ static void values_are_normalized(void **state)
     assert_string_equal(value("GRAPHD_ADDRESS"), "unix:/tmp/x.sock");
     setenv("GRAPHD_ADDRESS", "localhost:7070", 1);
     assert_string_equal(value("GRAPHD_ADDRESS"), "localhost:7070");
+    setenv("GRAPHD_ADDRESS", "[::1]:7070", 1);
+    assert_string_equal(value("GRAPHD_ADDRESS"), "[::1]:7070");
+    setenv("GRAPHD_ADDRESS", "unix-abstract:graphd", 1);
+    assert_string_equal(value("GRAPHD_ADDRESS"), "unix-abstract:graphd");
     setenv("GRAPHD_TIMEOUT_MS", "0250", 1);
     assert_string_equal(value("GRAPHD_TIMEOUT_MS"), "250");
     setenv("GRAPHD_TIMEOUT_MS", "86400000", 1);
@@ -144,6 +148,16 @@ static void invalid_values_name_variable_value_and_what_is_accepted(void **state
         {"GRAPHD_REPLAY_ORDER", "Events", "GRAPHD_REPLAY_ORDER=Events is not valid"},
         {"GRAPHD_COPY_PARAM_GRADS", "true",
          "GRAPHD_COPY_PARAM_GRADS=true is not valid: expected 0 or 1"},
+        /* Addresses gRPC would take for DNS names or fail on with its own words. */
+        {"GRAPHD_ADDRESS", "relative.sock",
+         "GRAPHD_ADDRESS=relative.sock is not valid: expected unix:/ABSOLUTE/PATH"},
+        {"GRAPHD_ADDRESS", "unix:run/g.sock", "a unix socket path must be absolute"},
+        {"GRAPHD_ADDRESS", "http://localhost:7070", "(not a URL)"},
+        {"GRAPHD_ADDRESS", "/run/graphd/graphd.sock.session",
+         "that is graphd's session socket (its data plane); give the control socket, "
+         "unix:/run/graphd/graphd.sock"},
+        {"GRAPHD_ADDRESS", "localhost:http", "HOST:PORT"},
+        {"GRAPHD_ADDRESS", "localhost:70000", "HOST:PORT"},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         setenv(cases[i].name, cases[i].bad, 1);
