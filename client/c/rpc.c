@@ -3,8 +3,15 @@
  * batch (send metadata, message and close; receive metadata, message and
  * status) on the client's pluck queue, unpack the reply.
  */
+#include <errno.h>
+#include <grp.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
 
 #include <grpc/byte_buffer_reader.h>
 #include <grpc/grpc.h>
@@ -15,6 +22,54 @@
 
 /* Slack past the call deadline before pluck gives up on a call gRPC failed to end. */
 #define PLUCK_SLACK_MS 5000
+
+/*
+ * Why a unix socket address cannot be reached, in words a user can act on, when the cause is on
+ * this side: the socket is not there (no daemon), or this user may not open it (not in the
+ * socket's group). 0 when neither: gRPC's own message then stands.
+ */
+static int unix_socket_hint(const char *address, char *hint, size_t len)
+{
+    if (strncmp(address, "unix:", 5) != 0)
+        return 0;
+    const char *path = address + 5;
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    if (strlen(path) >= sizeof(sa.sun_path))
+        return 0;
+    memcpy(sa.sun_path, path, strlen(path) + 1);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return 0;
+    int rc = connect(fd, (struct sockaddr *)&sa, sizeof(sa));
+    int err = errno;
+    close(fd);
+    if (rc == 0)
+        return 0;
+    struct stat st;
+    if (err == ENOENT) {
+        snprintf(hint, len,
+                 "no socket at %s: is graphd running there? (systemctl status graphd; or set "
+                 "GRAPHD_ADDRESS to the daemon's listen address)",
+                 path);
+        return 1;
+    }
+    if (err == EACCES || err == EPERM) {
+        char group[64] = "?";
+        if (stat(path, &st) == 0) {
+            struct group *g = getgrgid(st.st_gid);
+            if (g != NULL)
+                snprintf(group, sizeof(group), "%s", g->gr_name);
+            else
+                snprintf(group, sizeof(group), "%u", (unsigned)st.st_gid);
+        }
+        snprintf(hint, len,
+                 "permission denied: uid %u may not open %s (or its directory); join its group "
+                 "'%s' (sudo usermod -aG %s $USER, then log in again) or ask the operator",
+                 (unsigned)getuid(), path, group, group);
+        return 1;
+    }
+    return 0;
+}
 
 static int unpack_reply(graphd_client_t *c, const char *method, grpc_byte_buffer *bb,
                         const ProtobufCMessageDescriptor *desc, ProtobufCMessage **reply)
@@ -103,7 +158,14 @@ int graphd__call(graphd_client_t *c, const char *method, const ProtobufCMessage 
 
     if (status != GRPC_STATUS_OK) {
         char *msg = grpc_slice_to_c_string(details);
-        if (msg[0] != '\0')
+        char hint[512];
+        if (status == GRPC_STATUS_UNAVAILABLE && unix_socket_hint(c->address, hint, sizeof(hint)))
+            rc = graphd__fail(c, GRAPHD_EUNAVAILABLE, "%s; %s",
+                              msg[0]         ? msg
+                              : error_string ? error_string
+                                             : "unavailable",
+                              hint);
+        else if (msg[0] != '\0')
             rc = graphd__fail(c, graphd_err_from_grpc(status), "%s", msg);
         else if (error_string != NULL)
             rc = graphd__fail(c, graphd_err_from_grpc(status), "%s", error_string);

@@ -95,3 +95,41 @@ def test_log_off_a_terminal_has_timestamps_and_journald_gets_priorities(tmp_path
     assert len(warned) == 1 and " warn " in warned[0] and "groupadd" in warned[0]
     lines = start_and_stop(tmp_path, journal=True)
     assert lines and all(re.match(r"<[3-7]>(info|warn|error|debug): ", line) for line in lines)
+
+
+GRAPHCTL = os.path.join(BUILD, "graphctl")
+
+
+def test_graphctl_says_why_it_cannot_connect(tmp_path):
+    """No daemon at the address, and a socket this user may not open: each named with what to
+    do, not gRPC's bare 'failed to connect to all addresses'."""
+    r = subprocess.run([GRAPHCTL, "--address", "unix:%s/none.sock" % tmp_path, "status"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0
+    assert "no socket at %s/none.sock: is graphd running there?" % tmp_path in r.stderr
+    if os.geteuid() != 0:
+        return  # the second half runs a client as another uid (setpriv), which needs root
+    import shutil
+    import signal
+    import time
+    if shutil.which("setpriv") is None:
+        return
+    os.chmod(tmp_path, 0o755)
+    sock = tmp_path / "g.sock"
+    with open(tmp_path / "graphd.log", "w") as err:
+        p = subprocess.Popen([GRAPHD, "--config", "/dev/null", "--listen", "unix:%s" % sock,
+                              "--socket-mode", "0660"], stderr=err)
+    try:
+        for _ in range(300):
+            if os.path.exists(str(sock) + ".session"):
+                break
+            time.sleep(0.1)
+        r = subprocess.run(["setpriv", "--reuid=4321", "--regid=4321", "--clear-groups",
+                            GRAPHCTL, "--address", "unix:%s" % sock, "status"],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode != 0
+        assert "permission denied: uid 4321 may not open %s" % sock in r.stderr, r.stderr
+        assert "join its group" in r.stderr and "usermod -aG" in r.stderr
+    finally:
+        p.send_signal(signal.SIGTERM)
+        p.wait(timeout=30)
