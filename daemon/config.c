@@ -3,6 +3,7 @@
  * command-line overrides, formatting for status, and reload.
  */
 #include "config.h"
+#include "graphd_bytes.h"
 #include "log.h"
 
 #include <errno.h>
@@ -156,45 +157,7 @@ const gd_setting_t *gd_setting_find(const char *name)
 
 int gd_parse_bytes(const char *s, uint64_t *out)
 {
-    static const struct {
-        const char *suffix;
-        uint64_t mult;
-    } units[] = {{"", 1},
-                 {"k", 1000},
-                 {"kb", 1000},
-                 {"ki", KiB},
-                 {"kib", KiB},
-                 {"m", 1000000},
-                 {"mb", 1000000},
-                 {"mi", MiB},
-                 {"mib", MiB},
-                 {"g", 1000000000},
-                 {"gb", 1000000000},
-                 {"gi", GiB},
-                 {"gib", GiB},
-                 {"t", 1000000000000ull},
-                 {"tb", 1000000000000ull},
-                 {"ti", TiB},
-                 {"tib", TiB},
-                 {"b", 1}};
-    if (s == NULL || *s < '0' || *s > '9')
-        return -1;
-    errno = 0;
-    char *end;
-    uint64_t v = strtoull(s, &end, 10);
-    if (errno != 0)
-        return -1;
-    while (*end == ' ')
-        end++;
-    for (size_t i = 0; i < sizeof units / sizeof units[0]; i++) {
-        if (strcasecmp(end, units[i].suffix) == 0) {
-            if (v != 0 && units[i].mult > UINT64_MAX / v)
-                return -1;
-            *out = v * units[i].mult;
-            return 0;
-        }
-    }
-    return -1;
+    return graphd_parse_bytes(s, out);
 }
 
 int gd_config_set(gd_config_t *cfg, const gd_setting_t *s, const char *value, char *err,

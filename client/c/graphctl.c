@@ -18,6 +18,7 @@
 #include <jansson.h>
 
 #include "graphd.h"
+#include "graphd_bytes.h"
 
 #ifndef GRAPHD_VERSION
 #define GRAPHD_VERSION "0.0.0"
@@ -35,8 +36,9 @@ static const char usage[] =
     "  devices                         devices the daemon serves\n"
     "  pools                           pools and their accounting\n"
     "  pool create NAME [--device DEV] [--limit BYTES] [--mode MODE]\n"
-    "                                  create a pool (BYTES: 64M, 1Gi, ...; K/M/G/T are\n"
-    "                                  powers of 1000, Ki/Mi/Gi/Ti powers of 1024; MODE:\n"
+    "                                  create a pool (BYTES as in graphd.conf: 64M, 1Gi,\n"
+    "                                  \"5 MiB\"; K/M/G/T are powers of 1000, Ki/Mi/Gi/Ti\n"
+    "                                  powers of 1024; MODE:\n"
     "                                  private (default), group or public)\n"
     "  pool delete NAME                delete an empty pool (its owner or an admin)\n"
     "\n"
@@ -742,51 +744,6 @@ static int cmd_pools(graphd_client_t *c, const opts_t *o)
     return 0;
 }
 
-/* "64M", "1Gi", "4096": K/M/G/T are powers of 1000, Ki/Mi/Gi/Ti of 1024; a trailing B is
- * allowed ("64MiB"). */
-static int parse_bytes(const char *s, uint64_t *out)
-{
-    static const struct {
-        const char *suffix;
-        uint64_t mult;
-    } units[] = {
-        {"", 1},
-        {"K", 1000ULL},
-        {"M", 1000ULL * 1000},
-        {"G", 1000ULL * 1000 * 1000},
-        {"T", 1000ULL * 1000 * 1000 * 1000},
-        {"Ki", 1ULL << 10},
-        {"Mi", 1ULL << 20},
-        {"Gi", 1ULL << 30},
-        {"Ti", 1ULL << 40},
-    };
-    if (s[0] < '0' || s[0] > '9')
-        return -1;
-    char *end;
-    errno = 0;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (errno != 0)
-        return -1;
-    char suffix[8];
-    snprintf(suffix, sizeof(suffix), "%s", end);
-    if (strlen(end) >= sizeof(suffix))
-        return -1;
-    if (suffix[0] == 'k')
-        suffix[0] = 'K';
-    size_t n = strlen(suffix);
-    if (n > 0 && suffix[n - 1] == 'B')
-        suffix[n - 1] = '\0';
-    for (size_t i = 0; i < sizeof(units) / sizeof(units[0]); i++) {
-        if (strcmp(suffix, units[i].suffix) != 0)
-            continue;
-        if (v > UINT64_MAX / units[i].mult)
-            return -1;
-        *out = (uint64_t)v * units[i].mult;
-        return 0;
-    }
-    return -1;
-}
-
 static int cmd_pool_create(graphd_client_t *c, const opts_t *o, const char *name, uint64_t limit)
 {
     graphd_pool_t p;
@@ -886,7 +843,7 @@ int main(int argc, char **argv)
         strcmp(o.mode, "public") != 0)
         return usage_error("bad pool mode '%s' (private, group or public)", o.mode);
     uint64_t limit = 0;
-    if (o.limit != NULL && parse_bytes(o.limit, &limit) != 0)
+    if (o.limit != NULL && graphd_parse_bytes(o.limit, &limit) != 0)
         return usage_error("bad byte count '%s' (e.g. 4096, 64M, 1Gi)", o.limit);
 
     enum { STATUS, DEVICES, POOLS, CREATE, DELETE } which;

@@ -161,6 +161,23 @@ static void pool_create_delete(void **state)
     json_decref(created);
     r = graphctl("--address", h->address, "pool", "delete", "it-ctl2");
     assert_int_equal(r->status, 0);
+
+    /* The daemon's size grammar (graphd.conf), spaces and case included: one parser. */
+    r = graphctl("--address", h->address, "pool", "create", "it-ctl3", "--limit", "5 MiB",
+                 "--json");
+    assert_int_equal(r->status, 0);
+    created = json_loads(r->out, 0, NULL);
+    assert_int_equal(harness_int(created, "limit_bytes"), 5 << 20);
+    json_decref(created);
+    r = graphctl("--address", h->address, "pool", "delete", "it-ctl3");
+    assert_int_equal(r->status, 0);
+    r = graphctl("--address", h->address, "pool", "create", "it-ctl4", "--limit", "2gib", "--json");
+    assert_int_equal(r->status, 0);
+    created = json_loads(r->out, 0, NULL);
+    assert_int_equal(harness_int(created, "limit_bytes"), 2LL << 30);
+    json_decref(created);
+    r = graphctl("--address", h->address, "pool", "delete", "it-ctl4");
+    assert_int_equal(r->status, 0);
 }
 
 /* The lines of section title ("# Executors") in graphctl's table output: *header gets its
