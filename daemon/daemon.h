@@ -125,6 +125,9 @@ typedef struct gd_daemon {
 
     gd_session_t *sessions;
     uint32_t nsessions;
+    /* what the last STATUS= to systemd said (main.c) */
+    uint32_t notified_sessions, notified_graphs, notified_capturing;
+    bool notified_once;
     uint64_t next_session_id;
 
     uv_pipe_t session_listener;

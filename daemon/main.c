@@ -300,9 +300,32 @@ static void on_signal(uv_signal_t *h, int signum)
     stop(d, signum == SIGTERM ? "SIGTERM" : "SIGINT");
 }
 
+/* Once a second, under systemd: the keep-alive WatchdogSec= waits for (sent from the loop, so a
+ * stuck loop gets the daemon restarted), and a STATUS= line that `systemctl status` shows. Both
+ * are no-ops without $NOTIFY_SOCKET. */
+static void notify_systemd(gd_daemon_t *d)
+{
+    uint64_t usec;
+    if (sd_watchdog_enabled(0, &usec) > 0)
+        sd_notify(0, "WATCHDOG=1");
+    uint32_t graphs = 0, capturing = 0;
+    for (gd_session_t *s = d->sessions; s; s = s->next) {
+        graphs += s->graphs;
+        capturing += s->capturing;
+    }
+    if (d->notified_sessions == d->nsessions && d->notified_graphs == graphs &&
+        d->notified_capturing == capturing && d->notified_once)
+        return;
+    d->notified_sessions = d->nsessions, d->notified_graphs = graphs;
+    d->notified_capturing = capturing, d->notified_once = true;
+    sd_notifyf(0, "STATUS=%u session%s, %u graph%s%s", d->nsessions, d->nsessions == 1 ? "" : "s",
+               graphs, graphs == 1 ? "" : "s", capturing ? ", capturing" : "");
+}
+
 static void on_tick(uv_timer_t *t)
 {
     gd_sessions_expire(t->data);
+    notify_systemd(t->data);
 }
 
 /* Every shared region holds an open memfd, so allow as many files as the hard limit does. */

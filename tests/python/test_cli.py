@@ -133,3 +133,38 @@ def test_graphctl_says_why_it_cannot_connect(tmp_path):
     finally:
         p.send_signal(signal.SIGTERM)
         p.wait(timeout=30)
+
+
+def test_systemd_notify_ready_status_and_watchdog(tmp_path):
+    """Under systemd (Type=notify, WatchdogSec=): READY=1 once serving, a STATUS= line with the
+    sessions and graphs, and WATCHDOG=1 keep-alives from the loop."""
+    import signal
+    import socket
+    import time
+    ns = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    ns.bind(str(tmp_path / "notify"))
+    ns.settimeout(0.5)
+    env = dict(os.environ, NOTIFY_SOCKET=str(tmp_path / "notify"), WATCHDOG_USEC="2000000")
+    env.pop("WATCHDOG_PID", None)
+    with open(tmp_path / "graphd.log", "w") as err:
+        p = subprocess.Popen([GRAPHD, "--config", "/dev/null", "--listen",
+                              "unix:%s" % (tmp_path / "g.sock")], stderr=err, env=env)
+    got = []
+    try:
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            try:
+                got.append(ns.recv(4096).decode())
+            except socket.timeout:
+                pass
+            text = "\n".join(got)
+            if "WATCHDOG=1" in text and "STATUS=" in text:
+                break
+    finally:
+        p.send_signal(signal.SIGTERM)
+        p.wait(timeout=30)
+        ns.close()
+    text = "\n".join(got)
+    assert "READY=1" in text, got
+    assert "STATUS=0 sessions, 0 graphs" in text, got
+    assert "WATCHDOG=1" in text, got
