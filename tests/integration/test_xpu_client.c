@@ -308,7 +308,7 @@ static void graphctl_shows(int sysman)
         usleep(100000);
     }
     for (int i = 0; i < 2; i++) {
-        char id[8];
+        char id[16];
         snprintf(id, sizeof(id), "xpu:%d", i);
         json_t *d = harness_find(doc, "id", id);
         assert_non_null(d);
