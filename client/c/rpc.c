@@ -61,6 +61,14 @@ static int unix_socket_hint(const char *address, char *hint, size_t len)
                 snprintf(group, sizeof(group), "%s", g->gr_name);
             else
                 snprintf(group, sizeof(group), "%u", (unsigned)st.st_gid);
+            if (st.st_gid == 0) { /* joining root's group is no advice to give */
+                snprintf(hint, len,
+                         "permission denied: uid %u may not open %s: its group is root; ask the "
+                         "operator to set socket_group in graphd.conf (e.g. socket_group = "
+                         "graphd, a group made for it) and to add you to that group",
+                         (unsigned)getuid(), path);
+                return 1;
+            }
         }
         snprintf(hint, len,
                  "permission denied: uid %u may not open %s (or its directory); join its group "
