@@ -4,6 +4,7 @@ loss that goes down and ends with `graphctl status`; README.md's training snippe
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -78,9 +79,17 @@ def test_readme_daemon_by_hand_runs_without_log_lines_in_its_output(tmp_path):
     # The daemon's exit status, after the block's kill: it must drain and exit 0.
     script += "\nwait %1; echo \"graphd exited $?\"\n"
     env = {k: v for k, v in os.environ.items() if k != "GRAPHD_ADDRESS"}
-    out = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True,
-                         text=True, timeout=120)
-    both = out.stdout + out.stderr
-    assert out.returncode == 0 and "graphd exited 0" in out.stdout, both
-    assert "# Pools" in out.stdout and "sweep" in out.stdout, both
+    # A process group of its own, so that a block that hangs leaves no daemon behind.
+    proc = subprocess.Popen(["bash", "-c", script], cwd=tmp_path, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    both = stdout + stderr
+    assert proc.returncode == 0 and "graphd exited 0" in stdout, both
+    assert "# Pools" in stdout and "sweep" in stdout, both
     assert not LOG_LINE.search(both), "the daemon's log ran into the output:\n" + both
