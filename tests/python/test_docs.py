@@ -1,6 +1,7 @@
-"""The docs hold together: every relative link in README.md and docs/*.md names a file of the
-repository, and a link's #anchor a heading of the page it names (GitHub's anchors: the heading
-in lower case, punctuation dropped, spaces as hyphens, "-1", "-2" for repeats)."""
+"""The docs hold together: every relative link in README.md, docs/*.md and the repository's other
+pages names a file of the repository, and a link's #anchor a heading of the page it names
+(GitHub's anchors: the heading in lower case, punctuation dropped, spaces as hyphens, "-1", "-2"
+for repeats)."""
 import re
 import sys
 from pathlib import Path
@@ -8,7 +9,9 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-PAGES = [REPO / "README.md"] + sorted((REPO / "docs").glob("*.md"))
+PAGES = [REPO / "README.md"] + sorted((REPO / "docs").glob("*.md")) + [
+    p for p in sorted(REPO.glob("*/**/*.md"))  # the other pages: client/python, tests/ze_driver
+    if p.parent != REPO / "docs" and not p.relative_to(REPO).parts[0].startswith(("build", "."))]
 
 FENCE = re.compile(r"^(```|~~~)")
 CODE_SPAN = re.compile(r"(`+).*?\1")
