@@ -14,7 +14,8 @@ In-process alternative: on CUDA, torch.cuda.make_graphed_callables on a copy of 
 CPU, where PyTorch has no graphs, the same number of eager warm-up iterations (forward and
 autograd.grad, as upstream's warm-up) in-process, so the ratio is what graphd adds over doing the
 warm-up yourself. It runs twice and the ratios use the second run: the first pays one-off costs
-(on CUDA about 2 s of lazy initialisation, even after an eager step).
+(on CUDA, seconds of lazy initialisation, even after an eager step: docs/BENCHMARKS.md,
+benchmark 4).
 
 --steps N also times N training steps' forward and backward (MSE loss) through the last graphed
 model, next to the same steps eager in-process: on the CPU every replay runs the TorchScript method

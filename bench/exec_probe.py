@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Starts graphd-executor on a device with each sandbox variant and asks it for a pool there:
 which layer (Landlock, seccomp) a device's driver does not get past, and with
-`--preload build/eacces_log.so` (bench/eacces_log.c) which calls each variant was refused.
+`--preload build/bench/eacces_log.so` (bench/eacces_log.c) which calls each variant was refused.
 GPU machine only.
 
   bench/exec_probe.py [--preload SO] [EXECUTOR [DEVICE]]

@@ -58,7 +58,8 @@ host-staged/device-resident distinction on the CPU); memory is "n/a".
 
 Usage (GPU machine, repository root; build/graphd built with `make TORCH=python PYTHON=python3`):
   PYTHONPATH=client/python python3 bench/share_gpu.py [--procs 8] [--steps 200] [--json out.json]
-(the default 200 steps make a short window, about 0.4 s for (a) on an H200; --seconds 10 gives a
+(the default 200 steps make a short window, under a second for (a) on an H200, docs/BENCHMARKS.md,
+"One-off probes"; --seconds 10 gives a
 longer, steadier one, but then the final losses are not comparable across modes)
 Smoke test without a GPU:
   PYTHONPATH=client/python /usr/bin/python3 bench/share_gpu.py --device cpu --procs 2 --steps 20

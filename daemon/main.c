@@ -355,8 +355,9 @@ static int start(gd_daemon_t *d)
         const gd_family_t *fam = gd_family_of(dev->kind);
         if (fam == NULL || !fam->mps_check)
             continue;
-        /* Without MPS every cross-process CUDA dependency switches GPU contexts (~320 us vs ~55 us
-         * for an ordered replay on an H200): worth a warning for each GPU served. */
+        /* Without MPS every cross-process CUDA dependency switches GPU contexts, several times
+         * the cost of an ordered replay under MPS (docs/BENCHMARKS.md, "Ordering probe"): worth
+         * a warning for each GPU served. */
         char pipe_dir[PATH_MAX];
         (void)gr_cuda_mps_pipe(pipe_dir, sizeof pipe_dir);
         if (dev->mps)

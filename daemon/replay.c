@@ -213,8 +213,8 @@ static int replay_frame_submit(gd_daemon_t *d, gd_session_t *s, gd_wire_t *wire,
     gd_wire_ref(wire);
     /* Device-resident replays, however ordered. Not host-staged ones or the CPU's: those clients
      * compute on the host's cores (a CPU module, its optimizer). With the two threads polling
-     * after host-staged replays too, a host-staged (64, 512, 8) step took 13.5 ms in one H200
-     * run, against 1.9-3.4 ms in five runs without. */
+     * after host-staged replays too, host-staged steps got several times slower on an H200
+     * (docs/BENCHMARKS.md, benchmark 1, history: fourth session, run 6). */
     if (g->resident)
         replay_keep_hot(d, g->worker, t0);
     int st = replay_submit(d, s, j, msg, len);

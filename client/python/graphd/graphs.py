@@ -583,8 +583,8 @@ _mps_checked = set()  # devices already checked in this process
 def _warn_without_mps(client, device):
     """Once per device and process: a PerformanceWarning when the daemon reaches the GPU of a
     device-resident capture without NVIDIA MPS. Each replay then makes the GPU switch between
-    this process's context and the daemon's twice (on the H200, ~320 µs until a trivial ordered
-    replay is done, against ~55 µs under MPS)."""
+    this process's context and the daemon's twice, which makes a trivial ordered replay several
+    times slower than under MPS (docs/BENCHMARKS.md, "Ordering probe")."""
     if device in _mps_checked:
         return
     _mps_checked.add(device)

@@ -422,7 +422,7 @@ class _ParametersLeftOut:
 def _archive(scripted):
     """torch.jit.save's archive of scripted, as bytes. Saved to a file (in memory where /dev/shm
     exists) that libtorch writes itself: saving to a BytesIO goes through save_to_buffer and
-    Python's writes, about ten times slower (an 8 MB MLP: 10 ms against 120 ms). The file is
+    Python's writes, much slower (docs/BENCHMARKS.md, "One-off probes"). The file is
     called "archive", the name torch.jit.save gives a buffer's archive, so the bytes are the same
     (and so is their SHA-256, which the daemon's module cache goes by)."""
     shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
