@@ -152,7 +152,10 @@ static void fmt_value(char *out, size_t n, const char *key, const json_t *v, int
 {
     *numeric = 0;
     if (json_is_string(v)) {
-        snprintf(out, n, "%s", json_string_value(v)[0] != '\0' ? json_string_value(v) : "-");
+        const char *str = json_string_value(v);
+        snprintf(out, n, "%s", str[0] != '\0' ? str : "-");
+        if (strlen(str) >= n && n > 4) /* cut: say so (--json has it whole) */
+            memcpy(out + n - 4, "...", 4);
         return;
     }
     if (json_is_boolean(v)) {

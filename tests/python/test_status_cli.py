@@ -282,3 +282,21 @@ def test_operations_doc_names_every_json_field():
     missing = sorted(k for k in keys(st, set())
                      if "`%s`" % k not in doc and "`%s[]`" % k not in doc)
     assert missing == [], missing
+
+
+def test_a_cut_cell_ends_with_dots():
+    """A long text cell (an executor's SANDBOX, over 95 characters where there is no cgroup2) is
+    cut with "..." rather than mid-word without a sign; --json has it whole."""
+    ctl("status")  # this uid's executor exists once a session has run a call; status lists it
+    graphd.make_graphed_callables(torch.nn.Linear(4, 2), (torch.randn(3, 4, requires_grad=True),))
+    st = json.loads(ctl("--json", "status"))
+    rows = section(ctl("status"), "Executors")
+    col = rows[0].index("SANDBOX")
+    for e in st["executors"]:
+        cells = [r[col:] for r in rows[1:] if r.split()[3] == str(e["pid"] or "-")]
+        assert len(cells) == 1, rows
+        cell = cells[0]
+        if cell.endswith("..."):
+            assert e["sandbox"].startswith(cell[:-3]) and len(e["sandbox"]) > len(cell) - 3
+        else:
+            assert cell == e["sandbox"], (cell, e["sandbox"])
