@@ -65,8 +65,9 @@ static int unix_socket_hint(const char *address, char *hint, size_t len)
         if (st.st_gid == 0) { /* joining root's group is no advice to give */
             snprintf(hint, len,
                      "permission denied: uid %u may not open %s: its group is root; ask the "
-                     "operator to set socket_group in graphd.conf (e.g. socket_group = graphd, a "
-                     "group made for it) and to add you to that group",
+                     "operator to create the group that socket_group in graphd.conf names "
+                     "(graphd unless set; graphd warns at start when it does not exist), to "
+                     "restart graphd, and to add you to that group",
                      (unsigned)getuid(), path);
             return 1;
         }

@@ -145,7 +145,7 @@ def test_graphctl_says_why_it_cannot_connect(tmp_path):
             assert r.returncode != 0
             assert "permission denied: uid 4321 may not open %s" % sock in r.stderr, r.stderr
             if group == "root":
-                assert "its group is root; ask the operator to set socket_group in graphd.conf" \
+                assert "its group is root; ask the operator to create the group that socket_group" \
                     in r.stderr, r.stderr
                 assert "usermod" not in r.stderr
             else:
