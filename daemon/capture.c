@@ -69,8 +69,11 @@ static void capture_op_free(gd_daemon_t *d, capture_op_t *op)
     }
     close_bases(op);
     gd_session_t *s = op->reserved ? gd_session_find(d, op->session) : NULL;
-    if (s != NULL)
+    if (s != NULL) {
         s->capturing -= op->reserved;
+        if (s->capturing == 0)
+            s->capturing_since_unix_ms = 0;
+    }
     if (op->pool != NULL)
         gd_gpool_capture_done(d, op->pool);
     for (size_t i = 0; i < op->n; i++)
@@ -629,6 +632,8 @@ void gd_rpc_capture(void *ctx, gd_call_t *call, const ProtobufCMessage *msg)
     gp->captures++; /* until capture_op_free: a deleted pool waits for its captures */
     op->t0 = gd_now_ns();
     op->reserved = (uint32_t)op->n;
+    if (s->capturing == 0) /* Status: "capturing since" spans overlapping captures */
+        s->capturing_since_unix_ms = gd_now_unix_ms();
     s->capturing += op->reserved;
     op->job.run = capture_prepare_run;
     op->job.done = capture_prepare_done;

@@ -90,6 +90,7 @@ typedef struct gd_session {
     gd_conn_t *conn; /* the attached session-socket connection, or NULL */
     uint32_t graphs, modules;
     uint32_t capturing; /* graphs of captures in flight, counted against max_graphs_per_session */
+    uint64_t capturing_since_unix_ms; /* when capturing last went from 0 up; 0 while it is 0 */
     uint64_t replays;
     gd_order_t *orders; /* per CUDA device, events and sequence counters (events.c) */
     gd_link_t *links;   /* replay connections, one per executor it replays in (direct.c) */

@@ -387,6 +387,8 @@ static void status_sessions(gd_daemon_t *d, const gd_session_t *viewer,
         ss[i].bytes = u.bytes;
         ss[i].connected_since_unix_ms = s->created_unix_ms;
         ss[i].attached = s->attached;
+        ss[i].capturing_since_unix_ms = s->capturing ? s->capturing_since_unix_ms : 0;
+        ss[i].capturing_graphs = s->capturing;
         sl[i] = &ss[i];
         i++;
     }
@@ -407,7 +409,10 @@ static void status_executors(gd_daemon_t *d, const gd_session_t *viewer,
         free(list);
         return;
     }
-    n = gd_exec_host_list(d->exec, *infos, n);
+    /* Executors started since the count above are left out: the list is bounded by what was
+     * allocated, and gd_exec_host_list returns the count, which may now be larger. */
+    size_t now = gd_exec_host_list(d->exec, *infos, n);
+    n = now < n ? now : n;
     size_t k = 0;
     for (size_t i = 0; i < n; i++) {
         const gd_exec_info_t *e = &(*infos)[i];

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `make demo`: starts graphd on the CPU device in a temporary directory, trains a small MLP
 # through it with client/python/examples/train_mlp.py (a plain PyTorch loop with one line
-# switched to graphd.make_graphed_callables), shows `graphctl status`, and stops the daemon.
+# switched to graphd.make_graphed_callables), shows `graphctl status` (the example prints it while
+# its session is open) and then `graphctl pools`, and stops the daemon.
 #
 # Environment: BUILD (build dir, default build), PYTHON (default /usr/bin/python3: Debian's
 # python3-torch).
@@ -45,8 +46,8 @@ GRAPHD_BUILD="$BUILD" PYTHONPATH="client/python${PYTHONPATH:+:$PYTHONPATH}" \
     "$PYTHON" client/python/examples/train_mlp.py
 
 echo
-echo "== graphctl status after the client left"
-"$BUILD/graphctl" status
+echo "== graphctl pools after the client left: its region is freed, the replays counted"
+"$BUILD/graphctl" pools
 
 echo
 echo "== stopping graphd (SIGTERM)"

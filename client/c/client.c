@@ -556,8 +556,15 @@ int graphd_status_json(graphd_client_t *c, char *buf, size_t *len)
                           &graphd__v1__status_reply__descriptor, &rep);
     if (rc != GRAPHD_OK)
         return rc;
-    json_t *root = graphd__pb_to_json(rep);
+    json_t *body = graphd__pb_to_json(rep);
     protobuf_c_message_free_unpacked(rep, NULL);
+    json_t *root =
+        body != NULL ? json_pack("{s:i}", "schema_version", GRAPHD_STATUS_SCHEMA_VERSION) : NULL;
+    if (root != NULL && json_object_update(root, body) != 0) {
+        json_decref(root);
+        root = NULL;
+    }
+    json_decref(body);
     char *text = root != NULL ? json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
     json_decref(root);
     if (text == NULL)

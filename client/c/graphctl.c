@@ -6,14 +6,22 @@
  * a section with a spec in `sections` gets its columns and headers from it,
  * any other array of objects (a later "graphs", say) gets every scalar field
  * as a column, and values are formatted by field name (*_bytes, *_unix_ms,
- * *_ms, *_ns).
+ * *_ms, *_ns). A column that only some devices have (MPS, telemetry, the
+ * graph mempool) is shown only when a row has a value for it. status --watch
+ * (and top) fetch Status again every few seconds and add replay rates from
+ * the difference of two replies. docs/OPERATIONS.md, "Reading status",
+ * lists every field.
  */
 #include <errno.h>
 #include <getopt.h>
+#include <pwd.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/types.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <jansson.h>
 
@@ -31,10 +39,16 @@ static const char usage[] =
     "usage: graphctl [--address ADDR] [--json] COMMAND\n"
     "\n"
     "commands:\n"
-    "  status                          daemon, devices, pools, sessions, graphs,\n"
-    "                                  executors\n"
+    "  status [--config]               daemon, devices, pools, sessions, graphs,\n"
+    "                                  executors (--config: and the daemon's settings,\n"
+    "                                  last)\n"
+    "  status --watch [SECONDS] [--count N]\n"
+    "                                  status again every SECONDS (default 2), with\n"
+    "                                  replays/s per pool, session and graph; Ctrl-C\n"
+    "                                  stops it, --count after N refreshes\n"
+    "  top [SECONDS] [--count N]       the same as status --watch\n"
     "  devices                         devices the daemon serves\n"
-    "  pools                           pools and their accounting\n"
+    "  pools                           the pools section of status\n"
     "  pool create NAME [--device DEV] [--limit BYTES] [--mode MODE]\n"
     "                                  create a pool (BYTES as in graphd.conf: 64M, 1Gi,\n"
     "                                  \"5 MiB\"; K/M/G/T are powers of 1000, Ki/Mi/Gi/Ti\n"
@@ -48,7 +62,8 @@ static const char usage[] =
     "options:\n"
     "  -a, --address ADDR  daemon address (default $GRAPHD_ADDRESS, else " GRAPHD_DEFAULT_ADDRESS
     ")\n"
-    "  -j, --json          print JSON instead of tables\n"
+    "  -j, --json          print JSON instead of tables (docs/OPERATIONS.md,\n"
+    "                      \"Reading status\", lists the fields)\n"
     "  -h, --help          this text\n"
     "  -V, --version       graphctl's version\n";
 
@@ -137,7 +152,10 @@ static void fmt_value(char *out, size_t n, const char *key, const json_t *v, int
 {
     *numeric = 0;
     if (json_is_string(v)) {
-        snprintf(out, n, "%s", json_string_value(v)[0] != '\0' ? json_string_value(v) : "-");
+        const char *str = json_string_value(v);
+        snprintf(out, n, "%s", str[0] != '\0' ? str : "-");
+        if (strlen(str) >= n && n > 4) /* cut: say so (--json has it whole) */
+            memcpy(out + n - 4, "...", 4);
         return;
     }
     if (json_is_boolean(v)) {
@@ -155,6 +173,18 @@ static void fmt_value(char *out, size_t n, const char *key, const json_t *v, int
         *numeric = 0;
     } else if (strcmp(key, "pid") == 0 && d == 0) {
         snprintf(out, n, "-"); /* no process (an executor not running) */
+    } else if (starts_with(key, "capturing_since")) {
+        *numeric = 0;
+        if (d == 0) {
+            snprintf(out, n, "-");
+        } else {
+            char dur[48];
+            double age = now_unix_ms() - d;
+            fmt_duration_ms(dur, sizeof(dur), age < 0 ? 0 : age);
+            snprintf(out, n, "yes, for %s", dur);
+        }
+    } else if (ends_with(key, "_per_s")) {
+        snprintf(out, n, "%.1f", d);
     } else if (ends_with(key, "_unix_ms")) {
         *numeric = 0;
         if (d == 0) {
@@ -204,120 +234,151 @@ static void label_of(char *out, size_t n, const char *key)
 typedef struct column {
     const char *key;
     const char *header;
+    int optional; /* shown only when a row has a value for it (a kind's own, a rate) */
 } column_t;
 
 typedef struct section {
     const char *key;   /* JSON key */
     const char *title; /* "# Title" */
     const column_t *cols;
+    const char *latency_of; /* rows with latency columns: "pool", "graph"; else NULL */
 } section_t;
 
+/* A column key with this suffix shows the user name of the uid in the field before it. */
+#define USER_OF "@user"
+/* The replay rate graphctl adds to pools, sessions and graphs in --watch (not in Status). */
+#define RATE_KEY "replays_per_s"
+/* The seconds between the two replies that the rates come from; 0: no rates. */
+static double rate_window_s;
+
 static const column_t device_cols[] = {
-    {"id", "ID"},
-    {"kind", "KIND"},
-    {"name", "NAME"},
-    {"memory_total", "MEMORY"},
-    {"memory_free", "FREE"},
-    {"compute_capability", "CC"},
-    {"mps", "MPS"},
-    {"compute_units", "CUS"},
-    {"max_clock_mhz", "CLOCK_MHZ"},
-    {"telemetry.memory_free", "T_FREE"},
-    {"telemetry.utilisation", "UTIL"},
-    {"telemetry.memory_health", "HEALTH"},
-    {"telemetry.wedged", "WEDGED"},
-    {"uuid", "UUID"},
-    {"driver", "DRIVER"},
-    {NULL, NULL},
+    {"id", "ID", 0},
+    {"kind", "KIND", 0},
+    {"name", "NAME", 0},
+    {"memory_total", "MEMORY", 0},
+    {"memory_free", "FREE", 0},
+    {"compute_capability", "CC", 1},
+    {"mps", "MPS", 1},
+    {"compute_units", "CUS", 1},
+    {"max_clock_mhz", "CLOCK_MHZ", 1},
+    {"telemetry.memory_free", "T_FREE", 1},
+    {"telemetry.utilisation", "UTIL", 1},
+    {"telemetry.memory_health", "HEALTH", 1},
+    {"telemetry.wedged", "WEDGED", 1},
+    {"uuid", "UUID", 1},
+    {"driver", "DRIVER", 1},
+    {NULL, NULL, 0},
 };
 static const column_t pool_cols[] = {
-    {"name", "NAME"},
-    {"device", "DEVICE"},
-    {"reserved_bytes", "RESERVED"},
-    {"used_bytes", "USED"},
-    {"limit_bytes", "LIMIT"},
-    {"regions", "REGIONS"},
-    {"sessions", "SESSIONS"},
-    {"graphs", "GRAPHS"},
-    {"replays", "REPLAYS"},
-    {"latency.p50_ns", "P50"},
-    {"latency.p99_ns", "P99"},
-    {"graph_mempool_reserved_bytes", "MEMPOOL"},
-    {"graph_mempool_in_use_bytes", "MEMPOOL_USED"},
-    {"created_unix_ms", "CREATED"},
-    {NULL, NULL},
+    {"name", "NAME", 0},
+    {"device", "DEVICE", 0},
+    {"owner_uid" USER_OF, "OWNER", 0},
+    {"reserved_bytes", "RESERVED", 0},
+    {"used_bytes", "USED", 0},
+    {"limit_bytes", "LIMIT", 0},
+    {"regions", "REGIONS", 0},
+    {"sessions", "SESSIONS", 0},
+    {"graphs", "GRAPHS", 0},
+    {"replays", "REPLAYS", 0},
+    {RATE_KEY, "REPLAYS/S", 1},
+    {"latency.p50_ns", "P50_ALL", 0},
+    {"latency.p99_ns", "P99_ALL", 0},
+    {"graph_mempool_reserved_bytes", "MEMPOOL", 1},
+    {"graph_mempool_in_use_bytes", "MEMPOOL_USED", 1},
+    {"created_unix_ms", "CREATED", 0},
+    {NULL, NULL, 0},
 };
 static const column_t session_cols[] = {
-    {"id", "ID"},
-    {"name", "NAME"},
-    {"uid", "UID"},
-    {"pid", "PID"},
-    {"attached", "ATTACHED"},
-    {"regions", "REGIONS"},
-    {"bytes", "BYTES"},
-    {"modules", "MODULES"},
-    {"graphs", "GRAPHS"},
-    {"replays", "REPLAYS"},
-    {"connected_since_unix_ms", "CONNECTED"},
-    {NULL, NULL},
+    {"id", "ID", 0},
+    {"name", "NAME", 0},
+    {"uid", "UID", 0},
+    {"uid" USER_OF, "USER", 0},
+    {"pid", "PID", 0},
+    {"attached", "ATTACHED", 0},
+    {"regions", "REGIONS", 0},
+    {"bytes", "BYTES", 0},
+    {"modules", "MODULES", 0},
+    {"graphs", "GRAPHS", 0},
+    {"replays", "REPLAYS", 0},
+    {RATE_KEY, "REPLAYS/S", 1},
+    {"capturing_since_unix_ms", "CAPTURING", 0},
+    {"connected_since_unix_ms", "CONNECTED", 0},
+    {NULL, NULL, 0},
 };
 static const column_t graph_cols[] = {
-    {"id", "ID"},
-    {"session", "SESSION"},
-    {"pool", "POOL"},
-    {"device", "DEVICE"},
-    {"module", "MODULE"},
-    {"training", "TRAINING"},
-    {"replays_forward", "FWD"},
-    {"replays_backward", "BWD"},
-    {"replay_errors", "ERRORS"},
-    {"latency.p50_ns", "P50"},
-    {"latency.p99_ns", "P99"},
-    {"region_bytes", "BYTES"},
-    {NULL, NULL},
+    {"id", "ID", 0},
+    {"session", "SESSION", 0},
+    {"pool", "POOL", 0},
+    {"device", "DEVICE", 0},
+    {"module", "MODULE", 0},
+    {"training", "TRAINING", 0},
+    {"replays_forward", "FWD", 0},
+    {"replays_backward", "BWD", 0},
+    {RATE_KEY, "REPLAYS/S", 1},
+    {"replay_errors", "ERRORS", 0},
+    {"latency.p50_ns", "P50_ALL", 0},
+    {"latency.p99_ns", "P99_ALL", 0},
+    {"region_bytes", "BYTES", 0},
+    {NULL, NULL, 0},
 };
 /* One executor process per (uid, device): PID "-" when it is not running (it starts at that
  * uid's next call there); KILLED_TIME and KILLED_MEM count kills at max_*_ms and at
  * max_executor_memory_bytes, DIED ends of its own (a crash in module code). */
 static const column_t executor_cols[] = {
-    {"uid", "UID"},
-    {"device", "DEVICE"},
-    {"pid", "PID"},
-    {"rss_bytes", "RSS"},
-    {"starts", "STARTS"},
-    {"killed_time", "KILLED_TIME"},
-    {"killed_memory", "KILLED_MEM"},
-    {"died", "DIED"},
-    {"sandbox", "SANDBOX"},
-    {NULL, NULL},
+    {"uid", "UID", 0},
+    {"uid" USER_OF, "USER", 0},
+    {"device", "DEVICE", 0},
+    {"pid", "PID", 0},
+    {"rss_bytes", "RSS", 0},
+    {"starts", "STARTS", 0},
+    {"killed_time", "KILLED_TIME", 0},
+    {"killed_memory", "KILLED_MEM", 0},
+    {"died", "DIED", 0},
+    {"sandbox", "SANDBOX", 0},
+    {NULL, NULL, 0},
 };
 static const column_t config_cols[] = {
-    {"name", "NAME"},
-    {"value", "VALUE"},
-    {"reloadable", "RELOADABLE"},
-    {NULL, NULL},
+    {"name", "NAME", 0},
+    {"value", "VALUE", 0},
+    {"reloadable", "RELOADABLE", 0},
+    {NULL, NULL, 0},
 };
+
+/* What the latency columns are: the daemon keeps one histogram per pool and graph, from its
+ * creation on, and Status gives its percentiles; there is no window. */
+static const char latency_note[] =
+    "P50_ALL, P99_ALL: replay latency over all replays since the %s was created (cumulative, "
+    "not windowed)";
 
 /* Sections with a chosen layout. The "# Daemon" block and any other section are generic. */
 static const section_t sections[] = {
-    {"devices", "Devices", device_cols},       {"pools", "Pools", pool_cols},
-    {"sessions", "Sessions", session_cols},    {"graphs", "Graphs", graph_cols},
-    {"executors", "Executors", executor_cols}, {"config", "Config", config_cols},
+    {"devices", "Devices", device_cols, NULL},       {"pools", "Pools", pool_cols, "pool"},
+    {"sessions", "Sessions", session_cols, NULL},    {"graphs", "Graphs", graph_cols, "graph"},
+    {"executors", "Executors", executor_cols, NULL}, {"config", "Config", config_cols, NULL},
 };
 
-/* Fields that only rows of one device kind have: the other rows show "-" (MPS is NVIDIA's). */
+/* Fields that only rows of one device kind have (a device's "kind", else the family part of a
+ * row's "device"): the other rows show "-" (MPS and the graph mempool are CUDA's). */
 static const struct {
     const char *key;
     const char *kind;
 } kind_only[] = {
     {"mps", "cuda"},
+    {"graph_mempool_reserved_bytes", "cuda"},
+    {"graph_mempool_in_use_bytes", "cuda"},
 };
 
-/* 1 when row (a device) is of a kind that key does not apply to. */
+/* 1 when row (a device, or a pool on one) is of a kind that key does not apply to. */
 static int not_for_kind(const char *key, json_t *row)
 {
-    const char *kind = json_string_value(json_object_get(row, "kind"));
-    if (kind == NULL)
+    char kind[CELL_MAX];
+    const char *k = json_string_value(json_object_get(row, "kind"));
+    const char *dev = json_string_value(json_object_get(row, "device"));
+    if (k != NULL)
+        snprintf(kind, sizeof(kind), "%s", k);
+    else if (dev != NULL)
+        snprintf(kind, sizeof(kind), "%.*s", (int)strcspn(dev, ":"), dev);
+    else
         return 0;
     for (size_t i = 0; i < sizeof(kind_only) / sizeof(kind_only[0]); i++)
         if (strcmp(kind_only[i].key, key) == 0 && strcmp(kind_only[i].kind, kind) != 0)
@@ -351,13 +412,68 @@ static const char *leaf(const char *path)
     return dot != NULL ? dot + 1 : path;
 }
 
+/* The account name of uid (getpwuid_r, so NSS users too), else the uid itself. The last few
+ * answers are kept: a table asks for the same uids row after row. */
+static void user_name(char *out, size_t n, long long uid)
+{
+    static struct {
+        long long uid;
+        char name[64];
+    } cache[8];
+    static unsigned next, used;
+    for (unsigned i = 0; i < used; i++)
+        if (cache[i].uid == uid) {
+            snprintf(out, n, "%s", cache[i].name);
+            return;
+        }
+    struct passwd pw, *found = NULL;
+    char buf[4096];
+    if (uid >= 0 && getpwuid_r((uid_t)uid, &pw, buf, sizeof(buf), &found) == 0 && found != NULL)
+        snprintf(out, n, "%s", found->pw_name);
+    else
+        snprintf(out, n, "%lld", uid);
+    snprintf(cache[next].name, sizeof(cache[next].name), "%s", out);
+    cache[next].uid = uid;
+    next = (next + 1) % 8;
+    used += used < 8;
+}
+
+/* A cell of row for column key: "-" for a value the row's kind does not have; *blank says that
+ * the row has no value there (absent, null or ""), *numeric "align right". */
+static void cell_of(char *out, size_t n, const char *key, json_t *row, int *numeric, int *blank)
+{
+    *numeric = 0;
+    *blank = 0;
+    if (not_for_kind(key, row)) {
+        snprintf(out, n, "-");
+        *blank = 1;
+        return;
+    }
+    if (ends_with(key, USER_OF)) { /* "uid@user": the name of the uid in field "uid" */
+        char field[CELL_MAX];
+        snprintf(field, sizeof(field), "%.*s", (int)(strlen(key) - strlen(USER_OF)), key);
+        json_t *uid = get_path(row, field);
+        if (!json_is_integer(uid)) {
+            snprintf(out, n, "-");
+            *blank = 1;
+            return;
+        }
+        user_name(out, n, json_integer_value(uid));
+        return;
+    }
+    json_t *v = get_path(row, key);
+    *blank = v == NULL || json_is_null(v) || (json_is_string(v) && json_string_value(v)[0] == '\0');
+    fmt_value(out, n, leaf(key), v, numeric);
+}
+
 typedef struct columns {
     size_t n;
     char *keys[64];
     char *headers[64];
+    int optional[64];
 } columns_t;
 
-static void columns_add(columns_t *cols, const char *key, const char *header)
+static void columns_add(columns_t *cols, const char *key, const char *header, int optional)
 {
     if (cols->n >= sizeof(cols->keys) / sizeof(cols->keys[0]))
         return;
@@ -368,6 +484,7 @@ static void columns_add(columns_t *cols, const char *key, const char *header)
         free(cols->headers[cols->n]);
         return;
     }
+    cols->optional[cols->n] = optional;
     cols->n++;
 }
 
@@ -395,7 +512,7 @@ static void pick_columns(const section_t *sec, json_t *rows, columns_t *cols)
     cols->n = 0;
     if (sec != NULL) {
         for (const column_t *c = sec->cols; c->key != NULL; c++)
-            columns_add(cols, c->key, c->header);
+            columns_add(cols, c->key, c->header, c->optional);
         return;
     }
     const char *key, *sub;
@@ -413,11 +530,11 @@ static void pick_columns(const section_t *sec, json_t *rows, columns_t *cols)
                 size_t len = strlen(header);
                 snprintf(header + len, sizeof(header) - len, " %s", h2);
                 snprintf(path, sizeof(path), "%s.%s", key, sub);
-                columns_add(cols, path, header);
+                columns_add(cols, path, header, 0);
             }
         } else if (!json_is_array(v)) {
             header_of(header, sizeof(header), key);
-            columns_add(cols, key, header);
+            columns_add(cols, key, header, 0);
         }
     }
 }
@@ -430,43 +547,63 @@ static void print_table(const section_t *sec, json_t *rows)
     size_t nrows = json_array_size(rows);
     size_t width[64] = {0};
     int numeric[64] = {0};
+    int shown[64] = {0};
     char(*cells)[CELL_MAX] = calloc(nrows * ncols + 1, sizeof(*cells));
     if (cells == NULL)
         goto out;
 
-    for (size_t c = 0; c < ncols; c++)
+    for (size_t c = 0; c < ncols; c++) {
         width[c] = strlen(cols.headers[c]);
+        shown[c] = !cols.optional[c]; /* an optional one: once a row has a value */
+    }
     for (size_t r = 0; r < nrows; r++) {
         json_t *row = json_array_get(rows, r);
         for (size_t c = 0; c < ncols; c++) {
-            int num;
+            int num, blank;
             char *cell = cells[r * ncols + c];
-            if (not_for_kind(cols.keys[c], row)) {
-                snprintf(cell, CELL_MAX, "-");
-                num = 0;
-            } else {
-                fmt_value(cell, CELL_MAX, leaf(cols.keys[c]), get_path(row, cols.keys[c]), &num);
-            }
+            cell_of(cell, CELL_MAX, cols.keys[c], row, &num, &blank);
+            shown[c] |= !blank;
             numeric[c] |= num;
             if (strlen(cell) > width[c])
                 width[c] = strlen(cell);
         }
     }
-    /* Numbers align right (headers too), text left; the last column is not padded. */
+    size_t last = 0; /* the last shown column is not padded */
+    for (size_t c = 0; c < ncols; c++)
+        if (shown[c])
+            last = c;
+    /* Numbers align right (headers too), text left. */
+    int first = 1;
     for (size_t c = 0; c < ncols; c++) {
-        int w = numeric[c] || c + 1 < ncols ? (int)width[c] : 0;
-        printf(numeric[c] ? "%s%*s" : "%s%-*s", c ? "  " : "", w, cols.headers[c]);
+        if (!shown[c])
+            continue;
+        int w = numeric[c] || c < last ? (int)width[c] : 0;
+        printf(numeric[c] ? "%s%*s" : "%s%-*s", first ? "" : "  ", w, cols.headers[c]);
+        first = 0;
     }
     printf("\n");
     if (nrows == 0)
         printf("(none)\n");
     for (size_t r = 0; r < nrows; r++) {
+        first = 1;
         for (size_t c = 0; c < ncols; c++) {
-            int w = numeric[c] || c + 1 < ncols ? (int)width[c] : 0;
-            printf(numeric[c] ? "%s%*s" : "%s%-*s", c ? "  " : "", w, cells[r * ncols + c]);
+            if (!shown[c])
+                continue;
+            int w = numeric[c] || c < last ? (int)width[c] : 0;
+            printf(numeric[c] ? "%s%*s" : "%s%-*s", first ? "" : "  ", w, cells[r * ncols + c]);
+            first = 0;
         }
         printf("\n");
     }
+    if (sec != NULL && sec->latency_of != NULL && nrows > 0) {
+        printf(latency_note, sec->latency_of);
+        printf("\n");
+    }
+    for (size_t c = 0; c < ncols; c++)
+        if (shown[c] && strcmp(cols.keys[c], RATE_KEY) == 0 && rate_window_s > 0) {
+            printf("REPLAYS/S: over the last %.1f s\n", rate_window_s);
+            break;
+        }
 out:
     free(cells);
     columns_free(&cols);
@@ -516,12 +653,26 @@ static void print_section(const char *key, json_t *v)
     printf("\n");
 }
 
-/* Scalars of obj as an aligned "key  value" block; nested objects/arrays follow as sections. */
+/* "2026-12-03 22:50:01 UTC" for a Unix time in milliseconds. */
+static void fmt_utc(char *out, size_t n, double unix_ms)
+{
+    time_t t = (time_t)(unix_ms / 1000);
+    struct tm tm;
+    if (gmtime_r(&t, &tm) == NULL || strftime(out, n, "%Y-%m-%d %H:%M:%S UTC", &tm) == 0)
+        snprintf(out, n, "%.0f", unix_ms / 1000);
+}
+
+/* Scalars of obj as an aligned "key  value" block; nested objects/arrays follow as sections,
+ * except the daemon's "config" (print_status prints it last, with --config). The daemon's
+ * uptime and start are one line. */
 static void print_block(const char *title, json_t *obj)
 {
     const char *key;
     json_t *v;
     size_t width = 0;
+    json_t *started = json_object_get(obj, "started_unix_ms");
+    json_t *uptime = json_object_get(obj, "uptime_ms");
+    int one_line = json_is_number(started) && json_is_number(uptime);
     json_object_foreach(obj, key, v)
     {
         char label[CELL_MAX];
@@ -532,23 +683,32 @@ static void print_block(const char *title, json_t *obj)
     printf("# %s\n", title);
     json_object_foreach(obj, key, v)
     {
-        if (json_is_object(v) || json_is_array(v))
+        if (json_is_object(v) || json_is_array(v) ||
+            (one_line && strcmp(key, "started_unix_ms") == 0))
             continue;
         char label[CELL_MAX], cell[CELL_MAX];
         int num;
         label_of(label, sizeof(label), key);
         fmt_value(cell, sizeof(cell), key, v, &num);
+        if (one_line && strcmp(key, "uptime_ms") == 0) {
+            char when[64];
+            fmt_utc(when, sizeof(when), json_number_value(started));
+            size_t len = strlen(cell);
+            snprintf(cell + len, sizeof(cell) - len, " (started %s)", when);
+        }
         printf("%-*s  %s\n", (int)width, label, cell);
     }
     printf("\n");
     json_object_foreach(obj, key, v)
     {
-        if (json_is_object(v) || json_is_array(v))
+        if ((json_is_object(v) || json_is_array(v)) && strcmp(key, "config") != 0)
             print_section(key, v);
     }
 }
 
-static void print_status(json_t *root)
+/* The sections in Status's order, the daemon block first and its settings last (only with
+ * show_config: they are the same on every call and would push the rest off the screen). */
+static void print_status(json_t *root, int show_config)
 {
     const char *key;
     json_t *v;
@@ -557,13 +717,18 @@ static void print_status(json_t *root)
         print_block("Daemon", daemon);
     json_object_foreach(root, key, v)
     {
-        if (strcmp(key, "daemon") == 0)
-            continue;
-        if (json_is_object(v))
+        if (strcmp(key, "daemon") == 0 || (!json_is_object(v) && !json_is_array(v)))
+            continue; /* schema_version is for programs */
+        if (strcmp(key, "others") == 0)
+            print_block("Others (not yours: counts only)", v);
+        else if (json_is_object(v))
             print_block(key, v);
         else
             print_section(key, v);
     }
+    json_t *config = json_object_get(daemon, "config");
+    if (show_config && config != NULL)
+        print_section("config", config);
 }
 
 static void print_json(json_t *v)
@@ -582,9 +747,13 @@ typedef struct opts {
     const char *limit;
     const char *mode;
     int json;
+    int config;
+    double watch; /* seconds between refreshes; 0: print once */
+    long count;   /* --count: refreshes to print, 0: until SIGINT */
 } opts_t;
 
-static int cmd_status(graphd_client_t *c, const opts_t *o)
+/* The Status reply as JSON (graphd_status_json), or NULL after saying why on stderr. */
+static json_t *fetch_status(graphd_client_t *c, int *status)
 {
     char *buf = NULL;
     size_t len = 0;
@@ -598,26 +767,150 @@ static int cmd_status(graphd_client_t *c, const opts_t *o)
         buf = malloc(len);
         if (buf == NULL) {
             fprintf(stderr, "graphctl: status: out of memory\n");
-            return 1;
+            *status = 1;
+            return NULL;
         }
     }
     if (rc != GRAPHD_OK) {
         free(buf);
-        return fail(c, "status", rc);
+        *status = fail(c, "status", rc);
+        return NULL;
     }
     json_error_t jerr;
     json_t *root = json_loads(buf, 0, &jerr);
     free(buf);
     if (root == NULL) {
         fprintf(stderr, "graphctl: status: bad JSON from libgraphd: %s\n", jerr.text);
-        return 1;
+        *status = 1;
     }
-    if (o->json)
-        print_json(root);
-    else
-        print_status(root);
-    json_decref(root);
-    return 0;
+    return root;
+}
+
+/* The replays a row of section key counts: pools and sessions "replays", graphs both phases. */
+static double replays_of(const char *key, json_t *row)
+{
+    if (strcmp(key, "graphs") == 0)
+        return json_number_value(json_object_get(row, "replays_forward")) +
+               json_number_value(json_object_get(row, "replays_backward"));
+    return json_number_value(json_object_get(row, "replays"));
+}
+
+/* The row of rows whose field id equals want's. */
+static json_t *same_row(json_t *rows, const char *id, json_t *want)
+{
+    size_t i;
+    json_t *row;
+    json_array_foreach(rows, i, row)
+    {
+        if (json_equal(json_object_get(row, id), want))
+            return row;
+    }
+    return NULL;
+}
+
+/* Adds RATE_KEY (replays/s over secs) to the pools, sessions and graphs of now that prev has
+ * too; a row new since prev, or one whose count went down (the daemon restarted), gets none. */
+static void add_rates(json_t *now, json_t *prev, double secs)
+{
+    static const struct {
+        const char *section, *id;
+    } keyed[] = {{"pools", "name"}, {"sessions", "id"}, {"graphs", "id"}};
+    for (size_t k = 0; k < sizeof(keyed) / sizeof(keyed[0]); k++) {
+        json_t *rows = json_object_get(now, keyed[k].section);
+        json_t *old_rows = json_object_get(prev, keyed[k].section);
+        size_t i;
+        json_t *row;
+        json_array_foreach(rows, i, row)
+        {
+            json_t *old = same_row(old_rows, keyed[k].id, json_object_get(row, keyed[k].id));
+            if (old == NULL || secs <= 0)
+                continue;
+            double d = replays_of(keyed[k].section, row) - replays_of(keyed[k].section, old);
+            if (d >= 0)
+                json_object_set_new(row, RATE_KEY, json_real(d / secs));
+        }
+    }
+}
+
+static volatile sig_atomic_t interrupted;
+
+static void on_sigint(int sig)
+{
+    (void)sig;
+    interrupted = 1;
+}
+
+static double now_mono_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* Sleeps secs unless SIGINT comes first (no SA_RESTART: nanosleep returns EINTR). */
+static void nap(double secs)
+{
+    struct timespec ts = {(time_t)secs, (long)((secs - (double)(time_t)secs) * 1e9)};
+    while (!interrupted && nanosleep(&ts, &ts) != 0 && errno == EINTR)
+        ;
+}
+
+/* status, status --watch and top. With --watch: a block per refresh, the screen cleared before
+ * each on a terminal (plain blocks one after another otherwise, for a log or a pipe), until
+ * SIGINT (exit status 0) or --count refreshes. */
+static int cmd_status(graphd_client_t *c, const opts_t *o)
+{
+    int status = 0;
+    if (o->watch <= 0) {
+        json_t *root = fetch_status(c, &status);
+        if (root == NULL)
+            return status;
+        if (o->json)
+            print_json(root);
+        else
+            print_status(root, o->config);
+        json_decref(root);
+        return 0;
+    }
+    struct sigaction sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = on_sigint;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    int tty = isatty(STDOUT_FILENO);
+    json_t *prev = NULL;
+    double prev_t = 0;
+    for (long n = 0; !interrupted && (o->count == 0 || n < o->count); n++) {
+        if (n > 0)
+            nap(o->watch);
+        if (interrupted)
+            break;
+        json_t *root = fetch_status(c, &status);
+        double t = now_mono_s();
+        if (root == NULL)
+            break;
+        rate_window_s = prev != NULL ? t - prev_t : 0;
+        if (prev != NULL)
+            add_rates(root, prev, rate_window_s);
+        if (o->json) {
+            print_json(root);
+        } else {
+            char when[64];
+            fmt_utc(when, sizeof(when), now_unix_ms());
+            if (tty)
+                printf("\033[H\033[2J");
+            printf("graphctl status --watch %g: %s, refresh %ld%s\n\n", o->watch, when, n + 1,
+                   tty ? " (Ctrl-C stops)" : "");
+            print_status(root, o->config);
+        }
+        fflush(stdout);
+        json_decref(prev);
+        prev = root;
+        prev_t = t;
+    }
+    json_decref(prev);
+    return status;
 }
 
 /* The device as status's JSON has it: numbers the device's family or driver does not give are
@@ -713,34 +1006,30 @@ static int cmd_devices(graphd_client_t *c, const opts_t *o)
     return 0;
 }
 
+/* The pools section of Status, by the same code as status: the same rows and columns. --json:
+ * the "pools" array of status --json (docs/OPERATIONS.md, "Reading status"). */
 static int cmd_pools(graphd_client_t *c, const opts_t *o)
 {
-    size_t n = 0;
-    graphd_pool_t *items = NULL;
-    int rc = graphd_list_pools(c, &n, NULL);
-    for (int tries = 0; rc == GRAPHD_OK && tries < 5; tries++) {
-        free(items);
-        items = calloc(n + 1, sizeof(*items));
-        if (items == NULL)
-            return fail(c, "pools", GRAPHD_ENOMEM);
-        rc = graphd_list_pools(c, &n, items);
-        if (rc != GRAPHD_ETRUNC || tries == 4)
-            break;
-        rc = GRAPHD_OK;
+    int status = 0;
+    json_t *root = fetch_status(c, &status);
+    if (root == NULL)
+        return status;
+    json_t *pools = json_object_get(root, "pools");
+    if (!json_is_array(pools)) {
+        json_decref(root);
+        fprintf(stderr, "graphctl: pools: the status has no pools list\n");
+        return 1;
     }
-    if (rc != GRAPHD_OK) {
-        free(items);
-        return fail(c, "pools", rc);
+    if (o->json) {
+        print_json(pools);
+    } else {
+        print_section("pools", pools);
+        json_int_t hidden =
+            json_integer_value(json_object_get(json_object_get(root, "others"), "pools"));
+        if (hidden > 0)
+            printf("(%lld more not shown: pools this user may not use)\n", (long long)hidden);
     }
-    json_t *arr = json_array();
-    for (size_t i = 0; i < n; i++)
-        json_array_append_new(arr, pool_json(&items[i]));
-    free(items);
-    if (o->json)
-        print_json(arr);
-    else
-        print_section("pools", arr);
-    json_decref(arr);
+    json_decref(root);
     return 0;
 }
 
@@ -793,12 +1082,21 @@ static int cmd_pool_delete(graphd_client_t *c, const opts_t *o, const char *name
 int main(int argc, char **argv)
 {
     static const struct option longopts[] = {
-        {"address", required_argument, NULL, 'a'}, {"json", no_argument, NULL, 'j'},
-        {"device", required_argument, NULL, 'd'},  {"limit", required_argument, NULL, 'l'},
-        {"mode", required_argument, NULL, 'm'},    {"help", no_argument, NULL, 'h'},
-        {"version", no_argument, NULL, 'V'},       {NULL, 0, NULL, 0},
+        {"address", required_argument, NULL, 'a'},
+        {"json", no_argument, NULL, 'j'},
+        {"device", required_argument, NULL, 'd'},
+        {"limit", required_argument, NULL, 'l'},
+        {"mode", required_argument, NULL, 'm'},
+        {"help", no_argument, NULL, 'h'},
+        {"version", no_argument, NULL, 'V'},
+        {"config", no_argument, NULL, 'c'},
+        {"watch", optional_argument, NULL, 'w'},
+        {"count", required_argument, NULL, 'n'},
+        {NULL, 0, NULL, 0},
     };
     opts_t o = {0};
+    int watch = 0;
+    const char *interval = NULL, *count = NULL;
     int opt;
     opterr = 0;
     while ((opt = getopt_long(argc, argv, ":a:jhV", longopts, NULL)) != -1) {
@@ -818,6 +1116,16 @@ int main(int argc, char **argv)
         case 'm':
             o.mode = optarg;
             break;
+        case 'c':
+            o.config = 1;
+            break;
+        case 'w':
+            watch = 1;
+            interval = optarg;
+            break;
+        case 'n':
+            count = optarg;
+            break;
         case 'h':
             fputs(usage, stdout);
             return 0;
@@ -836,6 +1144,36 @@ int main(int argc, char **argv)
     if (npos == 0)
         return usage_error("%s", "no command given");
     const char *cmd = pos[0];
+    /* top [SECONDS] is status --watch [SECONDS]; "--watch 5" (not "--watch=5") leaves 5 here */
+    int is_top = strcmp(cmd, "top") == 0;
+    if (is_top || (watch && strcmp(cmd, "status") == 0)) {
+        watch = 1;
+        if (npos == 2 && interval == NULL)
+            interval = pos[1], npos = 1;
+        cmd = "status";
+    }
+    if (watch && strcmp(cmd, "status") != 0)
+        return usage_error("%s", "--watch goes with 'status' (or use 'top')");
+    if (count != NULL && !watch)
+        return usage_error("%s", "--count goes with 'status --watch' or 'top'");
+    if (o.config && strcmp(cmd, "status") != 0)
+        return usage_error("%s", "--config goes with 'status'");
+    if (watch) {
+        char *end = NULL;
+        o.watch = interval != NULL ? strtod(interval, &end) : 2.0;
+        if (interval != NULL &&
+            (end == interval || *end != '\0' || !(o.watch >= 0.1) || o.watch > 86400))
+            return usage_error("bad refresh interval '%s' (seconds, 0.1 to 86400: e.g. 2 or "
+                               "0.5)",
+                               interval);
+    }
+    if (count != NULL) {
+        char *end = NULL;
+        errno = 0;
+        o.count = strtol(count, &end, 10);
+        if (end == count || *end != '\0' || errno != 0 || o.count < 1)
+            return usage_error("bad --count '%s' (a number of refreshes, 1 or more)", count);
+    }
     int is_create = strcmp(cmd, "pool") == 0 && npos >= 2 && strcmp(pos[1], "create") == 0;
     if ((o.device != NULL || o.limit != NULL || o.mode != NULL) && !is_create)
         return usage_error("%s", "--device, --limit and --mode go with 'pool create'");
@@ -870,9 +1208,15 @@ int main(int argc, char **argv)
     int rc = graphd_connect(o.address, &c);
     if (rc != GRAPHD_OK) {
         const char *msg = graphd_last_error(NULL);
-        fprintf(stderr, "graphctl: cannot use address '%s': %s: %s\n",
-                o.address != NULL ? o.address : "(default)", graphd_err_name(rc),
-                msg[0] != '\0' ? msg : graphd_strerror(rc));
+        const char *env = getenv("GRAPHD_ADDRESS");
+        const char *addr = o.address != NULL               ? o.address
+                           : env != NULL && env[0] != '\0' ? env
+                                                           : GRAPHD_DEFAULT_ADDRESS;
+        const char *from = o.address != NULL               ? ""
+                           : env != NULL && env[0] != '\0' ? " (from GRAPHD_ADDRESS)"
+                                                           : " (the default)";
+        fprintf(stderr, "graphctl: cannot use address '%s'%s: %s: %s\n", addr, from,
+                graphd_err_name(rc), msg[0] != '\0' ? msg : graphd_strerror(rc));
         return 1;
     }
     /* A session identifies the caller (SO_PEERCRED): pools belong to it, and status shows what

@@ -318,6 +318,10 @@ int graphd_region_write(graphd_region_t *r, uint64_t offset, const void *src /* 
 /* The other way: n bytes of the region at offset into dst. Errors as graphd_region_write. */
 int graphd_region_read(graphd_region_t *r, uint64_t offset, void *dst /* [out] */, size_t n);
 
+/* Raised when a field of graphd_status_json changes meaning or goes away; a new field does not
+ * raise it. */
+#define GRAPHD_STATUS_SCHEMA_VERSION 1
+
 /*
  * The daemon's Status as one JSON object (UTF-8, NUL-terminated) with keys
  * "daemon", "devices", "pools", "sessions" and any later section, field
@@ -327,7 +331,8 @@ int graphd_region_read(graphd_region_t *r, uint64_t offset, void *dst /* [out] *
  * (daemon.config) become objects keyed by name. Two-call: with buf NULL, *len gets the bytes needed
  * (NUL included) and GRAPHD_OK; with buf too small, the same and
  * GRAPHD_ETRUNC. Each call asks the daemon anew, so the size may grow in
- * between: retry on GRAPHD_ETRUNC.
+ * between: retry on GRAPHD_ETRUNC. The object's first key is "schema_version"
+ * (GRAPHD_STATUS_SCHEMA_VERSION; docs/OPERATIONS.md, "Reading status").
  */
 int graphd_status_json(graphd_client_t *c, char *buf /* [out][optional] */,
                        size_t *len /* [in,out] */);

@@ -55,13 +55,27 @@ static int unix_socket_hint(const char *address, char *hint, size_t len)
     }
     if (err == EACCES || err == EPERM) {
         char group[64] = "?";
-        if (stat(path, &st) == 0) {
-            struct group *g = getgrgid(st.st_gid);
-            if (g != NULL)
-                snprintf(group, sizeof(group), "%s", g->gr_name);
-            else
-                snprintf(group, sizeof(group), "%u", (unsigned)st.st_gid);
+        if (stat(path, &st) != 0) { /* a directory on the way is closed to this uid */
+            snprintf(hint, len,
+                     "permission denied: uid %u may not reach %s (a directory on its path is "
+                     "closed to it: %s); ask the operator",
+                     (unsigned)getuid(), path, strerror(errno));
+            return 1;
         }
+        if (st.st_gid == 0) { /* joining root's group is no advice to give */
+            snprintf(hint, len,
+                     "permission denied: uid %u may not open %s: its group is root; ask the "
+                     "operator to create the group that socket_group in graphd.conf names "
+                     "(graphd unless set; graphd warns at start when it does not exist), to "
+                     "restart graphd, and to add you to that group",
+                     (unsigned)getuid(), path);
+            return 1;
+        }
+        struct group *g = getgrgid(st.st_gid);
+        if (g != NULL)
+            snprintf(group, sizeof(group), "%s", g->gr_name);
+        else
+            snprintf(group, sizeof(group), "%u", (unsigned)st.st_gid);
         snprintf(hint, len,
                  "permission denied: uid %u may not open %s (or its directory); join its group "
                  "'%s' (sudo usermod -aG %s $USER, then log in again) or ask the operator",

@@ -67,6 +67,9 @@ static const setting_t settings[] = {
     {"GRAPHD_ZE_LOADER", SET_PATH, "libze_loader.so.1", NULL, 0, 0, NULL,
      "the Level Zero loader libgraphd loads (dlopen) the first time it maps an xpu region "
      "(Debian: package libze1); a name is searched as dlopen does, a path taken as given"},
+    {"GRAPHD_SLOW_CAPTURE_S", SET_UINT, "2", NULL, 0, 86400, NULL,
+     "the Python package logs one line (logger \"graphd\") when make_graphed_callables has been "
+     "tracing and capturing for this many seconds, and one when it ends; 0: for every capture"},
 };
 
 #define NSETTINGS (sizeof(settings) / sizeof(settings[0]))

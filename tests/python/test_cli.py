@@ -114,6 +114,16 @@ def test_graphctl_says_why_it_cannot_connect(tmp_path):
     import time
     if shutil.which("setpriv") is None:
         return
+    import grp
+    import tempfile
+    from pathlib import Path
+    # pytest's tmp_path is under a directory closed to other uids: the hint then says only that
+    r = subprocess.run(["setpriv", "--reuid=4321", "--regid=4321", "--clear-groups",
+                        GRAPHCTL, "--address", "unix:%s/none.sock" % tmp_path, "status"],
+                       capture_output=True, text=True, timeout=60)
+    assert "permission denied: uid 4321 may not reach %s/none.sock (a directory on its path is " \
+        "closed to it" % tmp_path in r.stderr, r.stderr
+    tmp_path = Path(tempfile.mkdtemp(prefix="graphd-perm-"))  # reachable by every uid
     os.chmod(tmp_path, 0o755)
     sock = tmp_path / "g.sock"
     with open(tmp_path / "graphd.log", "w") as err:
@@ -124,15 +134,26 @@ def test_graphctl_says_why_it_cannot_connect(tmp_path):
             if os.path.exists(str(sock) + ".session"):
                 break
             time.sleep(0.1)
-        r = subprocess.run(["setpriv", "--reuid=4321", "--regid=4321", "--clear-groups",
-                            GRAPHCTL, "--address", "unix:%s" % sock, "status"],
-                           capture_output=True, text=True, timeout=60)
-        assert r.returncode != 0
-        assert "permission denied: uid 4321 may not open %s" % sock in r.stderr, r.stderr
-        assert "join its group" in r.stderr and "usermod -aG" in r.stderr
+        for group in ("nogroup", "root"):  # a group to join; root's, which is no advice
+            try:
+                os.chown(sock, -1, grp.getgrnam(group).gr_gid)
+            except KeyError:
+                continue
+            r = subprocess.run(["setpriv", "--reuid=4321", "--regid=4321", "--clear-groups",
+                                GRAPHCTL, "--address", "unix:%s" % sock, "status"],
+                               capture_output=True, text=True, timeout=60)
+            assert r.returncode != 0
+            assert "permission denied: uid 4321 may not open %s" % sock in r.stderr, r.stderr
+            if group == "root":
+                assert "its group is root; ask the operator to create the group that socket_group" \
+                    in r.stderr, r.stderr
+                assert "usermod" not in r.stderr
+            else:
+                assert "join its group '%s'" % group in r.stderr and "usermod -aG" in r.stderr
     finally:
         p.send_signal(signal.SIGTERM)
         p.wait(timeout=30)
+        shutil.rmtree(tmp_path, ignore_errors=True)
 
 
 def test_systemd_notify_ready_status_and_watchdog(tmp_path):

@@ -15,7 +15,8 @@ from graphd import _lib
 
 REPO = Path(__file__).resolve().parents[2]
 NAMES = ["GRAPHD_ADDRESS", "GRAPHD_TIMEOUT_MS", "GRAPHD_SPIN_US", "GRAPHD_DIRECT",
-         "GRAPHD_TLS_CA", "GRAPHD_REPLAY_ORDER", "GRAPHD_COPY_PARAM_GRADS", "GRAPHD_ZE_LOADER"]
+         "GRAPHD_TLS_CA", "GRAPHD_REPLAY_ORDER", "GRAPHD_COPY_PARAM_GRADS", "GRAPHD_ZE_LOADER",
+         "GRAPHD_SLOW_CAPTURE_S"]
 
 
 @pytest.fixture

@@ -16,8 +16,9 @@
 #include "graphd.h"
 
 static const char *const names[] = {
-    "GRAPHD_ADDRESS", "GRAPHD_TIMEOUT_MS",   "GRAPHD_SPIN_US",          "GRAPHD_DIRECT",
-    "GRAPHD_TLS_CA",  "GRAPHD_REPLAY_ORDER", "GRAPHD_COPY_PARAM_GRADS", "GRAPHD_ZE_LOADER"};
+    "GRAPHD_ADDRESS",          "GRAPHD_TIMEOUT_MS", "GRAPHD_SPIN_US",
+    "GRAPHD_DIRECT",           "GRAPHD_TLS_CA",     "GRAPHD_REPLAY_ORDER",
+    "GRAPHD_COPY_PARAM_GRADS", "GRAPHD_ZE_LOADER",  "GRAPHD_SLOW_CAPTURE_S"};
 #define NNAMES (sizeof(names) / sizeof(names[0]))
 
 static int setup(void **state)
@@ -52,8 +53,8 @@ static void refused(const char *name, const char *want)
     msg[sizeof(msg) - 1] = '\0';
     if (strstr(msg, want) == NULL)
         fail_msg("%s: message \"%s\" lacks \"%s\"", name, msg, want);
-    if (strcmp(name, "GRAPHD_COPY_PARAM_GRADS") == 0)
-        return; /* the Python package's alone: graphd_connect does not read it */
+    if (strcmp(name, "GRAPHD_COPY_PARAM_GRADS") == 0 || strcmp(name, "GRAPHD_SLOW_CAPTURE_S") == 0)
+        return; /* the Python package's alone: graphd_connect does not read them */
     graphd_client_t *c = (graphd_client_t *)&c; /* not NULL, to see it cleared */
     assert_int_equal(graphd_connect(NULL, &c), GRAPHD_EINVALID_ARGUMENT);
     assert_null(c);
@@ -86,6 +87,7 @@ static void defaults_when_unset_or_empty(void **state)
         assert_string_equal(value("GRAPHD_REPLAY_ORDER"), "posted");
         assert_string_equal(value("GRAPHD_COPY_PARAM_GRADS"), "0");
         assert_string_equal(value("GRAPHD_ZE_LOADER"), "libze_loader.so.1");
+        assert_string_equal(value("GRAPHD_SLOW_CAPTURE_S"), "2");
     }
     assert_string_equal(graphd_last_error(NULL), "");
 }
@@ -115,6 +117,8 @@ static void values_are_normalized(void **state)
     }
     setenv("GRAPHD_COPY_PARAM_GRADS", "1", 1);
     assert_string_equal(value("GRAPHD_COPY_PARAM_GRADS"), "1");
+    setenv("GRAPHD_SLOW_CAPTURE_S", "010", 1);
+    assert_string_equal(value("GRAPHD_SLOW_CAPTURE_S"), "10");
 
     /* graphd_connect takes them: the address from the environment, normalized. */
     setenv("GRAPHD_ADDRESS", "/tmp/x.sock", 1);
@@ -148,6 +152,8 @@ static void invalid_values_name_variable_value_and_what_is_accepted(void **state
         {"GRAPHD_REPLAY_ORDER", "Events", "GRAPHD_REPLAY_ORDER=Events is not valid"},
         {"GRAPHD_COPY_PARAM_GRADS", "true",
          "GRAPHD_COPY_PARAM_GRADS=true is not valid: expected 0 or 1"},
+        {"GRAPHD_SLOW_CAPTURE_S", "86401",
+         "GRAPHD_SLOW_CAPTURE_S=86401 is not valid: expected an integer from 0 to 86400"},
         /* Addresses gRPC would take for DNS names or fail on with its own words. */
         {"GRAPHD_ADDRESS", "relative.sock",
          "GRAPHD_ADDRESS=relative.sock is not valid: expected unix:/ABSOLUTE/PATH"},

@@ -61,7 +61,7 @@ import weakref
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from . import _lib, recovery
+from . import _lib, recovery, slow as _slow
 from .client import PoolHandle, default_client, graph_pool_handle, normalize_device
 from .errors import PerformanceWarning, make_error
 from .tracing import callable_name, trace as _trace
@@ -823,6 +823,8 @@ def make_graphed_callables(callables, sample_args, num_warmup_iters=3, allow_unu
     traced = []
     module_ids = []
     copy_param_grads = _lib.setting("GRAPHD_COPY_PARAM_GRADS") == "1"  # README, "Settings"
+    slow = _slow.watch([callable_name(f) for f in callables])  # a log line if it takes long
+    graphs = None
     try:
         for func, args, flat in zip(callables, sample_args, flatten_sample_args):
             archive, out_spec, prefix, free = _trace(func, tuple(args), flat, _DTYPES)
@@ -838,6 +840,7 @@ def make_graphed_callables(callables, sample_args, num_warmup_iters=3, allow_unu
         if cuda_dev is not None:
             _warn_without_mps(client, cuda_dev)
     finally:
+        slow.done(graphs is not None)
         for mid in module_ids:  # the graphs own a copy: the modules are not needed any more
             try:
                 client.release_module(mid)
