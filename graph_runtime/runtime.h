@@ -466,7 +466,8 @@ int gr_seq_skip(gr_seq_t *s, uint64_t n);
  * and a graph's stream would wait for it forever). Callable from any thread. */
 #define GR_SEQ_RELEASED (UINT64_C(1) << 62)
 int gr_seq_release(gr_seq_t *s);
-/* Frees the counters once their stream is idle. NULL: no-op. */
+/* Frees the counters once their stream is idle (CUDA: the memory itself is freed later, as
+ * gr_device_free's). NULL: no-op. */
 int gr_seq_destroy(gr_seq_t *s);
 
 /* ---- replay ----------------------------------------------------------------------------- */
