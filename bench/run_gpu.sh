@@ -8,7 +8,8 @@
 # Environment: PYTESTS (the pytest paths, default tests/python), STEPS (training steps per mode,
 # default 200), PYTEST_LIMIT (seconds for the Python tests, default 420), SHARE_ARGS (more arguments for bench/share_gpu.py), PROFILE_SHAPES (default
 # "64,512,8 256,4096,8"), PYTHON (default python3), DAEMON_ARGS (more graphd options for the
-# steps that start one: train, replay, profile),
+# steps that start one: train, replay, profile), TARGETS (the targets step's subset of 1,2,3,4,
+# default all; e.g. TARGETS=1, then TARGETS=2,3,4, where one run must stay under a time limit),
 # MPS=1 (run everything under NVIDIA MPS: starts nvidia-cuda-mps-control for the run, stops it
 # at the end).
 # Steps (default: all, in this order): build tests train replay capture share; also profile
@@ -115,7 +116,7 @@ for step in $steps; do
         (
             unset GRAPHD_ADDRESS
             run targets 600 "$PY" bench/targets18.py --graphd build/graphd \
-                --json "$out/targets18.json"
+                --targets "${TARGETS:-1,2,3,4}" --json "$out/targets18.json"
         ) ;;
     probe) # ordering between two processes: IPC events, stream memory operations
         run probe 120 "$PY" bench/ordering_probe.py --iters 3000 ;;

@@ -22,6 +22,10 @@ Usage (repository root, build/graphd built with TORCH=python):
   MPS=1 bench/run_gpu.sh OUTDIR build targets      (the same, under MPS, output in OUTDIR)
 It takes about 5-7 minutes on an H200. Parts run as this script again (--part ...) in fresh
 processes, each against a fresh daemon unless said otherwise.
+
+--device cpu is a smoke run of the same plumbing on a machine without a GPU (e.g.
+--device cpu --window 0.2 --procs 2): graphd's CPU graphs against the eager model, which
+stands in for every in-process figure (torch has no CPU graphs); its ratios are not judged.
 """
 import argparse
 import json
@@ -35,10 +39,21 @@ BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
 TAG = "targets18:"
 ROUNDS = 3
+SHAPES = ("64,512,8", "64,1024,16")  # MLP (batch, width, depth) of targets 1, 2 (both), 4
+SMOKE_SHAPE = "16,64,2"  # --device cpu: every target on this small MLP
 
 
 def emit(**msg):
     print(TAG + " " + json.dumps(msg), flush=True)
+
+
+def kit(a):
+    """(device, sync, in-process graphing) for --device: on the CPU, the eager model stands in
+    for torch.cuda.make_graphed_callables."""
+    import torch
+    if a.device == "cuda":
+        return "cuda", torch.cuda.synchronize, torch.cuda.make_graphed_callables
+    return "cpu", (lambda: None), (lambda model, args: model)
 
 
 def window_of(fn, seconds, sync):
@@ -71,10 +86,11 @@ def part_step(a):
     from bench_models import mlp
 
     b, w, d = (int(v) for v in a.shape.split(","))
+    dev, sync, inproc_graphed = kit(a)
     torch.manual_seed(0)
-    base = mlp(w, d).cuda()
-    x = torch.randn(b, w, device="cuda")
-    y = torch.randn(b, w, device="cuda")
+    base = mlp(w, d).to(dev)
+    x = torch.randn(b, w, device=dev)
+    y = torch.randn(b, w, device=dev)
 
     def stepper(model):
         opt = torch.optim.SGD(model.parameters(), lr=1e-3)
@@ -85,9 +101,8 @@ def part_step(a):
             opt.step()
         return step
     m1, m2 = copy.deepcopy(base), copy.deepcopy(base)
-    graphed = stepper(torch.cuda.make_graphed_callables(m1, (x.clone(),)))
+    graphed = stepper(inproc_graphed(m1, (x.clone(),)))
     resident = stepper(graphd.make_graphed_callables(m2, (x.clone(),)))
-    sync = torch.cuda.synchronize
     order = [("graphd", resident), ("inproc", graphed)]
     if a.round % 2:
         order.reverse()
@@ -105,27 +120,37 @@ def part_replay(a):
         def forward(self, x):
             return x * 2
 
-    x = torch.ones(4, device="cuda")
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
+    if a.device == "cpu":  # the smoke run: eager against graphd's synchronous CPU replay
+        x = torch.ones(4)
+        graph = graphd.make_graphed_callables(Double(), (x.clone(),))._graphd_runner.graph
+
+        def inproc():
             Double()(x)
-    torch.cuda.current_stream().wait_stream(side)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        Double()(x)
-    cur = torch.cuda.current_stream()
-    graph = graphd.make_graphed_callables(Double().cuda(), (x.clone(),))._graphd_runner.graph
-    graphd.default_client().set_replay_posted(True)
 
-    def inproc():
-        g.replay()
-        cur.synchronize()
+        def posted():
+            graph.replay(0)
+    else:
+        x = torch.ones(4, device="cuda")
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                Double()(x)
+        torch.cuda.current_stream().wait_stream(side)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            Double()(x)
+        cur = torch.cuda.current_stream()
+        graph = graphd.make_graphed_callables(Double().cuda(), (x.clone(),))._graphd_runner.graph
+        graphd.default_client().set_replay_posted(True)
 
-    def posted():
-        graph.replay(0, stream=cur)
-        cur.synchronize()
+        def inproc():
+            g.replay()
+            cur.synchronize()
+
+        def posted():
+            graph.replay(0, stream=cur)
+            cur.synchronize()
     clock = time.perf_counter_ns
     out = {}
     order = [("graphd", posted), ("inproc", inproc)]
@@ -155,21 +180,23 @@ def part_capture(a):
     from bench_models import mlp
 
     b, w, d = (int(v) for v in a.shape.split(","))
-    torch.cuda.init()
+    dev, sync, inproc_graphed = kit(a)
+    if dev == "cuda":
+        torch.cuda.init()
     if a.mode == "graphd":
         import graphd  # not inside the timed capture
     times = []
     for i in range(2):
         torch.manual_seed(i)
-        model = mlp(w, d).cuda()
-        x = torch.randn(b, w, device="cuda")
-        torch.cuda.synchronize()
+        model = mlp(w, d).to(dev)
+        x = torch.randn(b, w, device=dev)
+        sync()
         t0 = time.perf_counter()
         if a.mode == "inproc":
-            torch.cuda.make_graphed_callables(model, (x,))
+            inproc_graphed(model, (x,))
         else:
             graphd.make_graphed_callables(model, (x,))
-        torch.cuda.synchronize()
+        sync()
         times.append((time.perf_counter() - t0) * 1e3)
     emit(part="capture", mode=a.mode, round=a.round, first_ms=times[0], second_ms=times[1])
 
@@ -178,7 +205,7 @@ def part_capture(a):
 
 def run_part(a, args, env=None, timeout=300):
     cmd = [sys.executable, str(Path(__file__).resolve())] + args + [
-        "--window", str(a.window)]
+        "--window", str(a.window), "--device", a.device]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     msgs = [json.loads(line[len(TAG):]) for line in p.stdout.splitlines()
             if line.startswith(TAG)]
@@ -206,13 +233,27 @@ def span(values):
     return (min(values), max(values)) if values else (None, None)
 
 
+def judged(a, ok, values):
+    """True/False: the target met in every round or not; None on the CPU (not judged)."""
+    return all(ok(v) for v in values) if a.device == "cuda" else None
+
+
+def row_text(a, label, values, target, ok):
+    lo, hi = span(values)
+    return "%-58s %9.3f - %-9.3f target %-6s %s" % (
+        label, lo, hi, target, {True: "met", False: "MISSED", None: "-"}[judged(a, ok, values)])
+
+
 def target1(a):
     ratios, rounds = [], []
+    shape = SHAPES[0] if a.device == "cuda" else SMOKE_SHAPE
+    b, w, d = shape.split(",")
     for r in range(ROUNDS):
         modes = "c,a" if r % 2 == 0 else "a,c"
         out = a.tmp / ("share-%d.json" % r)
         cmd = [sys.executable, str(BENCH / "share_gpu.py"), "--procs", str(a.procs),
                "--modes", modes, "--seconds", str(a.window), "--graphd", str(a.graphd),
+               "--device", a.device, "--batch", b, "--width", w, "--depth", d,
                "--json", str(out)]
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
         if p.returncode != 0 or not out.exists():
@@ -227,13 +268,13 @@ def target1(a):
                        "c_steps_per_s": by["c"]["steps_per_s"],
                        "a_step_ms": by["a"]["step_ms_mean"], "c_step_ms": by["c"]["step_ms_mean"],
                        "window_s": [by["a"]["window_s"], by["c"]["window_s"]]})
-    return [("aggregate steps/s graphd/in-process, %d procs (64,512,8)" % a.procs, ratios,
+    return [("aggregate steps/s graphd/in-process, %d procs (%s)" % (a.procs, shape), ratios,
              ">= 1.0", lambda v: v >= 1.0)], rounds
 
 
 def target2(a):
     rows, rounds = [], []
-    for shape in ("64,512,8", "64,1024,16"):
+    for shape in SHAPES if a.device == "cuda" else (SMOKE_SHAPE,):
         ratios = []
         with FreshDaemon(a, "step-" + shape.replace(",", "x")) as fd:
             for r in range(ROUNDS):
@@ -260,15 +301,16 @@ def target3(a):
 
 def target4(a):
     second, first, rounds = [], [], []
+    shape = ["--shape", SHAPES[0] if a.device == "cuda" else SMOKE_SHAPE]
     with FreshDaemon(a, "capture") as fd:
         # Warm the daemon: one process captures the structure (its executor, the module).
-        run_part(a, ["--part", "capture", "--mode", "graphd", "--round", "0"], fd.env)
+        run_part(a, ["--part", "capture", "--mode", "graphd", "--round", "0"] + shape, fd.env)
         for r in range(ROUNDS):
             order = ["graphd", "inproc"] if r % 2 == 0 else ["inproc", "graphd"]
             got = {}
             for mode in order:
-                got[mode] = run_part(a, ["--part", "capture", "--mode", mode, "--round", str(r)],
-                                     fd.env if mode == "graphd" else None)
+                got[mode] = run_part(a, ["--part", "capture", "--mode", mode, "--round", str(r)]
+                                     + shape, fd.env if mode == "graphd" else None)
             second.append(got["graphd"]["second_ms"] / got["inproc"]["second_ms"])
             first.append(got["inproc"]["first_ms"] / got["graphd"]["first_ms"])
             rounds.append(got)
@@ -291,20 +333,22 @@ def parent(a):
             r, d = fn(a)
             rows += r
             detail[name] = d
+            for row in r:  # at once, in case a later target runs past the step's time limit
+                print("targets18: " + row_text(a, *row), file=sys.stderr, flush=True)
         except Exception as e:  # noqa: BLE001 (one target failing still reports the others)
             failed = True
             detail[name] = {"error": str(e)}
             print("targets18: target %s failed: %s" % (name, e), file=sys.stderr)
         print("targets18: target %s took %.0f s" % (name, time.monotonic() - t0),
               file=sys.stderr, flush=True)
-    print("issue 18 targets, %d alternating rounds, windows >= %g s; min-max over the rounds"
-          % (ROUNDS, a.window))
+    print("issue 18 targets, %d alternating rounds, windows >= %g s; min-max over the rounds%s"
+          % (ROUNDS, a.window, "" if a.device == "cuda" else
+             " (CPU substitutes: not judged)"))
     out = []
     for label, values, target, ok in rows:
         lo, hi = span(values)
-        met = all(ok(v) for v in values)
-        print("%-58s %9.3f - %-9.3f target %-6s %s" % (label, lo, hi, target,
-                                                        "met" if met else "MISSED"))
+        met = judged(a, ok, values)
+        print(row_text(a, label, values, target, ok))
         out.append({"name": label, "values": values, "min": lo, "max": hi, "target": target,
                     "met": met})
     print("(%.0f s in all)" % (time.monotonic() - t_start))
@@ -321,6 +365,8 @@ def main():
     ap.add_argument("--targets", default="1,2,3,4", help="comma-separated subset of 1,2,3,4")
     ap.add_argument("--graphd", type=Path, default=REPO / "build" / "graphd")
     ap.add_argument("--json", metavar="PATH", help="also write the figures as JSON to PATH")
+    ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+                    help="cpu: a smoke run without a GPU (CPU substitutes, nothing judged)")
     ap.add_argument("--part", choices=("step", "replay", "capture"), help=argparse.SUPPRESS)
     ap.add_argument("--shape", default="64,512,8", help=argparse.SUPPRESS)
     ap.add_argument("--mode", choices=("graphd", "inproc"), help=argparse.SUPPRESS)
@@ -330,12 +376,18 @@ def main():
     if a.part:
         return {"step": part_step, "replay": part_replay, "capture": part_capture}[a.part](a) or 0
     a.targets = [t.strip() for t in a.targets.split(",") if t.strip()]
+    if a.device == "cuda" and subprocess.run(  # in a child: the parent holds no CUDA context
+            [sys.executable, "-c", "import sys, torch; sys.exit(not torch.cuda.is_available())"]
+    ).returncode != 0:
+        sys.exit("targets18: torch sees no CUDA device here (--device cpu: a smoke run)")
     a.graphd = a.graphd.resolve()
     if not a.graphd.exists():
         sys.exit("targets18: no %s: build it first (make TORCH=python all)" % a.graphd)
     if not os.environ.get("GRAPHD_BUILD") and (a.graphd.parent / "libgraphd.so").exists():
         os.environ["GRAPHD_BUILD"] = str(a.graphd.parent)
     pkg = str(REPO / "client" / "python")
+    if pkg not in sys.path:  # share_gpu's Daemon (FreshDaemon) imports graphd here too
+        sys.path.insert(0, pkg)
     if pkg not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
         os.environ["PYTHONPATH"] = os.pathsep.join(
             p for p in (pkg, os.environ.get("PYTHONPATH")) if p)
