@@ -20,7 +20,8 @@ SOURCES = sorted(
 # Calls that wait for (or implicitly synchronise) the whole device.
 DEVICE_WIDE = re.compile(
     r"\b(cudaDeviceSynchronize|cuCtxSynchronize|device_synchronize|cudaThreadSynchronize"
-    r"|emptyCache|empty_cache|cudaDeviceReset|cudaFree|cuMemFree(_v2)?)\s*\(")
+    r"|emptyCache|empty_cache|cudaDeviceReset|cudaFree|cuMemFree(_v2)?|syncStreamsOnDevice"
+    r"|(torch|at)::(cuda|xpu)::synchronize)\s*\(")
 # In the CUDA family every host wait is a counted one: sync_stream, or DeferredFrees' event
 # waits. A stream's own synchronize() method bypasses the count.
 UNCOUNTED = re.compile(r"(\.|->)synchronize\s*\(\s*\)|\bcudaStreamSynchronize\s*\(")
@@ -74,7 +75,8 @@ def test_cuda_family_waits_are_counted():
 def test_the_scan_catches_what_it_looks_for():
     text = ("void f() {\n    c10::cuda::device_synchronize(); // as torch does\n"
             "    /* cudaFree(p) in a comment is fine */\n    cudaFree(p);\n"
-            "    stream->synchronize();\n    cudaStreamSynchronize(s);\n}\n")
+            "    stream->synchronize();\n    cudaStreamSynchronize(s);\n"
+            "    c10::xpu::syncStreamsOnDevice(dev);\n    torch::cuda::synchronize();\n}\n")
     code = strip_comments(text).splitlines()
-    assert [no for no, line in enumerate(code, 1) if DEVICE_WIDE.search(line)] == [2, 4]
+    assert [no for no, line in enumerate(code, 1) if DEVICE_WIDE.search(line)] == [2, 4, 7, 8]
     assert [no for no, line in enumerate(code, 1) if UNCOUNTED.search(line)] == [5, 6]
