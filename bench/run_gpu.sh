@@ -8,11 +8,13 @@
 # Environment: PYTESTS (the pytest paths, default tests/python), STEPS (training steps per mode,
 # default 200), PYTEST_LIMIT (seconds for the Python tests, default 420), SHARE_ARGS (more arguments for bench/share_gpu.py), PROFILE_SHAPES (default
 # "64,512,8 256,4096,8"), PYTHON (default python3), DAEMON_ARGS (more graphd options for the
-# steps that start one: train, replay, profile),
+# steps that start one: train, replay, profile), TARGETS (the targets step's subset of 1,2,3,4,
+# default all; e.g. TARGETS=1, then TARGETS=2,3,4, where one run must stay under a time limit),
 # MPS=1 (run everything under NVIDIA MPS: starts nvidia-cuda-mps-control for the run, stops it
 # at the end).
 # Steps (default: all, in this order): build tests train replay capture share; also profile
-# (bench/step_profile.py) and probe (bench/ordering_probe.py). Each runs under a time limit
+# (bench/step_profile.py), probe (bench/ordering_probe.py) and targets (bench/targets18.py:
+# issue 18's four targets as ratios, about 6 minutes). Each runs under a time limit
 # (timeout(1)); a step that fails does not stop the later ones, except the build.
 set -u
 out=${1:?usage: bench/run_gpu.sh OUTDIR [STEP...]}
@@ -110,6 +112,12 @@ for step in $steps; do
             run "profile-$shape" 60 "$PY" bench/step_profile.py --shape "$shape" --steps 200
         done
         stop_daemon ;;
+    targets) # issue 18's four targets as ratios (bench/targets18.py; fresh daemons of its own)
+        (
+            unset GRAPHD_ADDRESS
+            run targets 600 "$PY" bench/targets18.py --graphd build/graphd \
+                --targets "${TARGETS:-1,2,3,4}" --json "$out/targets18.json"
+        ) ;;
     probe) # ordering between two processes: IPC events, stream memory operations
         run probe 120 "$PY" bench/ordering_probe.py --iters 3000 ;;
     *) echo "unknown step $step" >&2; exit 2 ;;

@@ -8,6 +8,8 @@ SGD step) both ways and prints:
   step's wall time over many steps: when the phases add up to the wall time the step is bound by
   the host (Python, autograd, launches), else by the GPU;
 - the step's latency on the device (synchronised after each step);
+- the device time between the phase boundaries (CUDA events on the current stream), where the
+  GPU's time went, including its waits for the daemon's stream;
 - the functions that take the most host time (cProfile, tottime) in graphd's step.
 
 Usage (GPU machine, a graphd running): GRAPHD_ADDRESS=unix:/path python3 bench/step_profile.py
@@ -62,6 +64,42 @@ def phases(model, opt, x, y, steps):
         torch.cuda.synchronize()
     synced = (clock() - t0) / (steps // 3) / 1e6
     return {k: v / steps / 1e3 for k, v in acc.items()}, wall, synced
+
+
+def device_phases(model, opt, x, y, steps):
+    """Mean device µs between the phase boundaries of a step, from CUDA events recorded on the
+    current stream at each boundary (the event pairs are read after the last step, so nothing
+    waits in between): where the GPU's time per step went, next to the host's (phases()). For
+    graphd the forward and backward include the ordering waits on the daemon's stream (the
+    client's stream waits for done); a gap that the host figures do not show is the GPU waiting
+    for the daemon."""
+    names = ("zero_grad", "forward", "loss", "backward", "optimizer")
+    for _ in range(20):
+        opt.zero_grad(set_to_none=True)
+        nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+    torch.cuda.synchronize()
+    marks = []
+    for _ in range(steps):
+        ev = [torch.cuda.Event(enable_timing=True) for _ in range(len(names) + 1)]
+        ev[0].record()
+        opt.zero_grad(set_to_none=True)
+        ev[1].record()
+        out = model(x)
+        ev[2].record()
+        loss = nn.functional.mse_loss(out, y)
+        ev[3].record()
+        loss.backward()
+        ev[4].record()
+        opt.step()
+        ev[5].record()
+        marks.append(ev)
+    torch.cuda.synchronize()
+    acc = dict.fromkeys(names, 0.0)
+    for ev in marks:
+        for k, name in enumerate(names):
+            acc[name] += ev[k].elapsed_time(ev[k + 1]) * 1e3
+    return {k: v / steps for k, v in acc.items()}
 
 
 def replays(g1, o1, g2, o2, x, y, steps):
@@ -135,6 +173,14 @@ def main():
         print("%-20s %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %10.3f %10.3f" % (
             name, acc["zero_grad"], acc["forward"], acc["loss"], acc["backward"],
             acc["optimizer"], sum(acc.values()), wall, synced))
+
+    print("%-20s %9s %9s %9s %9s %9s %9s" % (
+        "device µs per phase", "zero_grad", "forward", "loss", "backward", "optimizer", "sum"))
+    for name, (g, o) in (("in-process graphed", (g1, o1)), ("graphd resident", (g2, o2))):
+        dev = device_phases(g, o, x, y, args.steps)
+        print("%-20s %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f" % (
+            name, dev["zero_grad"], dev["forward"], dev["loss"], dev["backward"],
+            dev["optimizer"], sum(dev.values())))
 
     replays(g1, o1, g2, o2, x, y, args.steps)
 

@@ -152,6 +152,11 @@ int Family::free(int /*index*/, const char *device, void * /*ptr*/) const
                           kind());
 }
 
+uint64_t Family::reclaim(int /*index*/, bool /*wait*/) const
+{
+    return 0;
+}
+
 int Family::event_create(int /*index*/, const char *device, gr_event_t ** /*out*/,
                          uint8_t * /*handle*/) const
 {

@@ -271,6 +271,9 @@ class Family
     virtual int alloc(int index, const char *device, uint64_t bytes, void **ptr,
                       uint8_t *handle) const;
     virtual int free(int index, const char *device, void *ptr) const;
+    /* gr_device_reclaim: frees what free deferred on device index and may be freed now (wait:
+     * all of it); returns how many are still deferred. Default: none deferred, 0. */
+    virtual uint64_t reclaim(int index, bool wait) const;
     /* gr_event_*: an interprocess event; *out gets a gr_event_t whose family is this one. */
     virtual int event_create(int index, const char *device, gr_event_t **out,
                              uint8_t *handle) const;
@@ -316,6 +319,18 @@ class Family
     virtual void replay_forward(Callable &c, const Order *order) const = 0;
     virtual void replay_backward(Callable &c, const Order *order) const = 0;
 };
+
+/* Synchronisation accounting (sync.cpp, gr_sync_stats). Every host wait for device work in
+ * graph_runtime is counted here by its scope before it waits: SyncScope::stream for one stream
+ * or event of the runtime's own, SyncScope::device for anything that waits for every stream of
+ * the process (cudaDeviceSynchronize, a cudaFree with work queued). Captures, warm-ups, replays,
+ * graph destruction and frees must never make a device-wide wait (docs/ARCHITECTURE.md,
+ * "Synchronisation"); tests/unit/test_sync.c and tests/python/test_sync_paths.py hold to it. */
+enum class SyncScope { stream, device };
+void note_sync(SyncScope scope);
+/* A device free deferred (note_free_deferred), and one of them done (note_free_done). */
+void note_free_deferred();
+void note_free_done(uint64_t n);
 
 /* The families: one function per family_<kind>.cpp. A family that is not built has its
  * GR_FAMILY_<KIND> nullptr instead, so that engine.cpp's table names every family graphd knows

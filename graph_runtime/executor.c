@@ -1864,16 +1864,31 @@ static int serve_channel(void)
  * is closed with what it still has queued. After a replay on a device it polls rather than sleeps
  * for --spin-us, as the daemon's threads did. 0 at the channel's EOF, else EXIT_BROKEN.
  */
+/* While device frees are deferred, how often the idle loop retries them, in milliseconds. */
+#define RECLAIM_POLL_MS 20
+
 static int serve(void)
 {
     static struct pollfd pf[1 + CONN_MAX];
     const bool device = strncmp(X.args.device, "cpu", 3) != 0;
     uint64_t hot_until = 0;
+    /* Deferred device frees (gr_device_free, gr_seq_destroy: never a cudaFree that waits for
+     * the device on a request's path) are run here, when the loop is about to sleep: after a
+     * channel request, then every RECLAIM_POLL_MS while some are still deferred. */
+    bool reclaim_due = false;
+    uint64_t reclaim_pending = 0;
     for (;;) {
         bool more = IN.tail > IN.head;
         for (size_t i = 0; i < X.nconns && !more; i++)
             more = X.conns[i]->in_len >= GRAPHD_FRAME_SIZE;
         int timeout = more || (hot_until && now_ns() < hot_until) ? 0 : -1;
+        if (timeout < 0 && device && (reclaim_due || reclaim_pending)) {
+            if (gr_device_reclaim(X.args.device, 0, &reclaim_pending) != GR_OK)
+                fprintf(stderr, "graphd-executor: deferred frees: %s\n", gr_last_error());
+            reclaim_due = false;
+            if (reclaim_pending)
+                timeout = RECLAIM_POLL_MS;
+        }
         pf[0] = (struct pollfd){.fd = GX_CHANNEL_FD, .events = POLLIN};
         for (size_t i = 0; i < X.nconns; i++)
             pf[1 + i] =
@@ -1902,6 +1917,7 @@ static int serve(void)
             int r = serve_channel();
             if (r <= 0)
                 return r == 0 ? 0 : EXIT_BROKEN;
+            reclaim_due = true;
         }
         size_t n = X.nconns;
         bool ran_any = false;

@@ -155,15 +155,232 @@ PinnedRanges &pinned()
     return *r;
 }
 
+/* ---- streams, host waits and deferred frees (docs/ARCHITECTURE.md, "Synchronisation") ----
+ * The family queues device work only on streams of its own: one per pool (its graphs' captures
+ * and replays, and the waits of their posted replays on that session's counters), one per
+ * device for warm-ups, one per sequence counters, and this thread's current stream for the
+ * engine's preparation (module copies, static block fills). Each is registered here by device.
+ * The host only ever waits for one of them (sync_stream, counted as a stream wait), never for
+ * the device: a device-wide wait (cudaDeviceSynchronize, and cudaFree, which waits for every
+ * stream of the process) would also wait for streams that wait for another client's counters.
+ * So device memory the family frees (gr_device_free, gr_seq_destroy) is only handed to
+ * DeferredFrees: events recorded on every registered stream of its device then, and cudaFree
+ * once those are done and no registered stream has work queued, which gr_device_reclaim checks
+ * from the caller's idle time (the executor's loop). */
+
+/* Host wait for one stream of the family's own. */
+void sync_stream(cudaStream_t stream, const char *what)
+{
+    note_sync(SyncScope::stream);
+    check(cudaStreamSynchronize(stream), what);
+}
+
+/* Makes index the current device for its lifetime, restoring the previous one after. */
+struct DeviceScope {
+    int prev = -1;
+    cudaError_t err = cudaSuccess;
+    explicit DeviceScope(int index)
+    {
+        if (cudaGetDevice(&prev) != cudaSuccess) {
+            (void)cudaGetLastError();
+            prev = -1;
+        }
+        if (prev != index)
+            err = cudaSetDevice(index);
+    }
+    ~DeviceScope()
+    {
+        if (prev >= 0 && cudaSetDevice(prev) != cudaSuccess)
+            (void)cudaGetLastError();
+    }
+};
+
+class Streams
+{
+  public:
+    void add(int device, cudaStream_t s)
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        by_device_[device].push_back(s);
+    }
+    void remove(int device, cudaStream_t s)
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        auto &v = by_device_[device];
+        v.erase(std::remove(v.begin(), v.end(), s), v.end());
+    }
+    /* The registered streams of device, and the legacy default stream (the engine's
+     * preparation runs there). */
+    std::vector<cudaStream_t> of(int device)
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        std::vector<cudaStream_t> out = by_device_[device];
+        out.push_back(cudaStreamLegacy);
+        return out;
+    }
+    /* true when none of them has work queued (the current device must be device). */
+    bool idle(int device)
+    {
+        for (cudaStream_t s : of(device)) {
+            cudaError_t err = cudaStreamQuery(s);
+            if (err == cudaSuccess)
+                continue;
+            (void)cudaGetLastError();
+            return false;
+        }
+        return true;
+    }
+
+  private:
+    std::mutex mu_;
+    std::map<int, std::vector<cudaStream_t>> by_device_;
+};
+
+Streams &streams()
+{
+    static Streams *s = new Streams; /* never destroyed: outlives static teardown */
+    return *s;
+}
+
+/* A non-blocking stream of the family's own on device index (current), registered. */
+cudaStream_t new_stream(int index)
+{
+    cudaStream_t s = nullptr;
+    check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+    streams().add(index, s);
+    return s;
+}
+
+/* Unregisters and destroys s: returns at once, work still queued on s runs to its end. */
+void destroy_stream(int index, cudaStream_t s)
+{
+    streams().remove(index, s);
+    if (cudaStreamDestroy(s) != cudaSuccess)
+        (void)cudaGetLastError(); /* the context may be gone at exit */
+}
+
+/* The warm-up stream of device index (created on first use, never destroyed): only warm-ups run
+ * there, so none waits behind a posted replay's counters. */
+c10::cuda::CUDAStream warmup_stream(int index)
+{
+    static std::mutex mu;
+    static std::map<int, cudaStream_t> *made = new std::map<int, cudaStream_t>;
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = made->find(index);
+    if (it == made->end())
+        it = made->emplace(index, new_stream(index)).first;
+    return c10::cuda::getStreamFromExternal(it->second, static_cast<c10::DeviceIndex>(index));
+}
+
+class DeferredFrees
+{
+  public:
+    /* Takes ptr (device index's cudaMalloc memory) to free later; never waits. */
+    void defer(int index, void *ptr)
+    {
+        DeviceScope scope(index);
+        Entry e{index, ptr, {}};
+        for (cudaStream_t s : streams().of(index)) {
+            cudaEvent_t ev = nullptr;
+            if (cudaEventCreateWithFlags(&ev, cudaEventDisableTiming) != cudaSuccess) {
+                (void)cudaGetLastError();
+                continue; /* reclaim then also waits for the device to be idle */
+            }
+            if (cudaEventRecord(ev, s) != cudaSuccess) {
+                (void)cudaGetLastError();
+                (void)cudaEventDestroy(ev);
+                continue;
+            }
+            e.events.push_back(ev);
+        }
+        note_free_deferred();
+        std::lock_guard<std::mutex> lock(mu_);
+        pending_.push_back(std::move(e));
+    }
+
+    /* Frees the entries of device index whose events are done while every registered stream of
+     * the device is idle (so that cudaFree waits for nothing); wait: all of them, waiting for
+     * their events (stream-scoped) and then for the device (counted as device-wide when some
+     * stream still has work). Returns the entries of index still pending. */
+    uint64_t reclaim(int index, bool wait)
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        DeviceScope scope(index);
+        uint64_t left = 0, freed = 0;
+        for (auto it = pending_.begin(); it != pending_.end();) {
+            if (it->device != index) {
+                ++it;
+                continue;
+            }
+            bool done = true;
+            for (cudaEvent_t ev : it->events) {
+                cudaError_t err;
+                if (wait) {
+                    note_sync(SyncScope::stream);
+                    err = cudaEventSynchronize(ev);
+                } else {
+                    err = cudaEventQuery(ev);
+                }
+                if (err != cudaSuccess) {
+                    (void)cudaGetLastError();
+                    done = err != cudaErrorNotReady; /* an error: the context is gone */
+                    if (!done)
+                        break;
+                }
+            }
+            const bool idle = streams().idle(index);
+            if (!wait && !(done && idle)) {
+                left++;
+                ++it;
+                continue;
+            }
+            if (!idle)
+                note_sync(SyncScope::device); /* cudaFree below waits for the device */
+            for (cudaEvent_t ev : it->events)
+                if (cudaEventDestroy(ev) != cudaSuccess)
+                    (void)cudaGetLastError();
+            if (cudaFree(it->ptr) != cudaSuccess) /* sync-ok: idle device, or wait */
+                (void)cudaGetLastError();
+            freed++;
+            it = pending_.erase(it);
+        }
+        note_free_done(freed);
+        return left;
+    }
+
+  private:
+    struct Entry {
+        int device;
+        void *ptr;
+        std::vector<cudaEvent_t> events;
+    };
+    std::mutex mu_;
+    std::vector<Entry> pending_;
+};
+
+DeferredFrees &deferred_frees()
+{
+    static DeferredFrees *d = new DeferredFrees; /* never destroyed: outlives static teardown */
+    return *d;
+}
+
 using PoolId = decltype(at::cuda::graph_pool_handle());
 
+/* A pool's stream is its own (never one of libtorch's pooled streams, which other pools would
+ * share): a posted replay of this pool's session that waits for its client's counters holds up
+ * nothing but that session's later work. */
 struct CudaPool final : PoolState {
     int index;
     PoolId id;
     c10::cuda::CUDAStream stream;
-    CudaPool(int index_, PoolId id_, c10::cuda::CUDAStream stream_)
-        : index(index_), id(id_), stream(stream_)
+    CudaPool(int index_, PoolId id_, cudaStream_t own)
+        : index(index_), id(id_),
+          stream(c10::cuda::getStreamFromExternal(own, static_cast<c10::DeviceIndex>(index_)))
     {
+    }
+    ~CudaPool() override
+    {
+        destroy_stream(index, stream.stream());
     }
 };
 
@@ -184,8 +401,8 @@ struct CudaCallable final : FamilyState {
     ~CudaCallable() override
     {
         try {
-            if (stream)
-                stream->synchronize();
+            if (stream) /* its own pool's stream: the graphs and the pinned block are in use */
+                sync_stream(stream->stream(), "cudaStreamSynchronize (graph destroy)");
         } catch (...) {
         }
         fwd.reset();
@@ -247,9 +464,16 @@ template <typename F>
 std::unique_ptr<at::cuda::CUDAGraph> capture_graph(const CudaPool &pool, F &&body)
 {
     auto graph = std::make_unique<at::cuda::CUDAGraph>();
+    /* What the engine queued on this thread's current stream (the module's copy, the static
+     * block's fills and copies) is done before the graph is captured (so before any replay on
+     * the pool's stream, and before the caller reads the block): that stream alone is waited
+     * for, not the device (torch.cuda.graph synchronises the device here). */
+    sync_stream(c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(pool.index)).stream(),
+                "cudaStreamSynchronize (before capture)");
     c10::cuda::CUDAStreamGuard guard(pool.stream);
-    c10::cuda::device_synchronize(); /* as torch.cuda.graph does before capture */
-    graph->capture_begin(pool.id);
+    /* Thread-local capture mode: only this thread's unsafe calls may break the capture, not
+     * another thread's (the executor's urgent thread releasing or skipping counters). */
+    graph->capture_begin(pool.id, cudaStreamCaptureModeThreadLocal);
     try {
         body();
     } catch (...) {
@@ -356,26 +580,6 @@ void export_external(Callable &c, const CudaPool &pool)
  * segment could not be exported at offset 0, and would outlive our free) and a CUDA IPC handle
  * for the client. */
 
-/* Makes index the current device for its lifetime, restoring the previous one after. */
-struct DeviceScope {
-    int prev = -1;
-    cudaError_t err = cudaSuccess;
-    explicit DeviceScope(int index)
-    {
-        if (cudaGetDevice(&prev) != cudaSuccess) {
-            (void)cudaGetLastError();
-            prev = -1;
-        }
-        if (prev != index)
-            err = cudaSetDevice(index);
-    }
-    ~DeviceScope()
-    {
-        if (prev >= 0 && cudaSetDevice(prev) != cudaSuccess)
-            (void)cudaGetLastError();
-    }
-};
-
 int cuda_fail(cudaError_t err, const char *what, const char *device)
 {
     (void)cudaGetLastError(); /* clear it, so later calls on this thread do not see it */
@@ -409,13 +613,18 @@ int cuda_alloc(int index, const char *device, uint64_t bytes, void **ptr, uint8_
         return cuda_fail(scope.err, "cudaSetDevice", device);
     void *p = nullptr;
     cudaError_t err = cudaMalloc(&p, static_cast<size_t>(bytes));
+    if (err == cudaErrorMemoryAllocation) { /* the device is full: deferred frees first */
+        (void)cudaGetLastError();
+        if (deferred_frees().reclaim(index, true) == 0)
+            err = cudaMalloc(&p, static_cast<size_t>(bytes));
+    }
     if (err != cudaSuccess)
         return cuda_fail(err, "cudaMalloc", device);
     cudaIpcMemHandle_t h;
     err = cudaIpcGetMemHandle(&h, p);
     if (err != cudaSuccess) {
         int rc = cuda_fail(err, "cudaIpcGetMemHandle", device);
-        (void)cudaFree(p);
+        deferred_frees().defer(index, p);
         return rc;
     }
     std::memcpy(handle, &h, GR_IPC_HANDLE_SIZE);
@@ -428,9 +637,7 @@ int cuda_free(int index, const char *device, void *ptr)
     DeviceScope scope(index);
     if (scope.err != cudaSuccess)
         return cuda_fail(scope.err, "cudaSetDevice", device);
-    cudaError_t err = cudaFree(ptr);
-    if (err != cudaSuccess)
-        return cuda_fail(err, "cudaFree", device);
+    deferred_frees().defer(index, ptr); /* never cudaFree here: it waits for the device */
     return GR_OK;
 }
 
@@ -584,13 +791,14 @@ int cuda_seq_create(int index, const char *device, gr_seq_t **out, uint8_t *hand
         err = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
     if (err != cudaSuccess) {
         rc = cuda_fail(err, "sequence counters", device);
-        (void)cudaFree(mem);
+        deferred_frees().defer(index, mem);
         return rc;
     }
+    streams().add(index, stream);
     auto *s = new (std::nothrow) gr_seq_t{&family_cuda(), index, mem, stream};
     if (s == nullptr) {
-        (void)cudaStreamDestroy(stream);
-        (void)cudaFree(mem);
+        destroy_stream(index, stream);
+        deferred_frees().defer(index, mem);
         return gr__set_error(GR_ENOMEM, "gr_seq_create: out of memory");
     }
     *out = s;
@@ -632,11 +840,13 @@ void cuda_seq_destroy(gr_seq_t *s)
     {
         DeviceScope scope(s->device);
         auto stream = static_cast<cudaStream_t>(s->stream);
-        if (cudaStreamSynchronize(stream) != cudaSuccess ||
-            cudaStreamDestroy(stream) != cudaSuccess)
-            (void)cudaGetLastError();
-        if (cudaFree(s->mem) != cudaSuccess)
+        note_sync(SyncScope::stream); /* the counters' own stream: its skips are done */
+        if (cudaStreamSynchronize(stream) != cudaSuccess)
             (void)cudaGetLastError(); /* the context may be gone at exit */
+        destroy_stream(s->device, stream);
+        /* The graphs' streams may still wait on the counters (released by now): the memory goes
+         * when they are done, never with a cudaFree that waits for the device. */
+        deferred_frees().defer(s->device, s->mem);
     }
     delete s;
 }
@@ -729,8 +939,13 @@ class CudaFamily final : public Family
     {
         auto dev = static_cast<c10::DeviceIndex>(index);
         c10::cuda::CUDAGuard guard(dev);
-        return std::make_unique<CudaPool>(index, at::cuda::graph_pool_handle(),
-                                          c10::cuda::getStreamFromPool(false, dev));
+        cudaStream_t own = new_stream(index);
+        try {
+            return std::make_unique<CudaPool>(index, at::cuda::graph_pool_handle(), own);
+        } catch (...) {
+            destroy_stream(index, own);
+            throw;
+        }
     }
     std::vector<gr_device_info_t> devices() const override
     {
@@ -752,6 +967,10 @@ class CudaFamily final : public Family
     int free(int index, const char *device, void *ptr) const override
     {
         return cuda_free(index, device, ptr);
+    }
+    uint64_t reclaim(int index, bool wait) const override
+    {
+        return deferred_frees().reclaim(index, wait);
     }
     int event_create(int index, const char *device, gr_event_t **out,
                      uint8_t *handle) const override
@@ -811,12 +1030,17 @@ class CudaFamily final : public Family
     {
         auto dev = static_cast<c10::DeviceIndex>(index);
         c10::cuda::CUDAGuard guard(dev);
-        c10::cuda::device_synchronize();
+        /* As torch.cuda.graph's warm-up on a side stream, but waiting only for the streams it
+         * uses: this thread's current one (the module's copy, the sample args), then the
+         * device's warm-up stream, which nothing else uses. */
+        sync_stream(c10::cuda::getCurrentCUDAStream(dev).stream(),
+                    "cudaStreamSynchronize (before warm-up)");
+        c10::cuda::CUDAStream side = warmup_stream(index);
         {
-            c10::cuda::CUDAStreamGuard side(c10::cuda::getStreamFromPool(false, dev));
+            c10::cuda::CUDAStreamGuard on_side(side);
             body();
         }
-        c10::cuda::device_synchronize();
+        sync_stream(side.stream(), "cudaStreamSynchronize (after warm-up)");
     }
     /* Philox (seed, offset, increment): see the header comment. */
     std::optional<RngStateSpec> rng_state() const override
@@ -891,7 +1115,10 @@ class CudaFamily final : public Family
                        at::CUDAGeneratorState *rng, cudaStream_t stream)
     {
         if (rng == nullptr) {
-            graph.replay();
+            /* Not CUDAGraph::replay: it would refresh the default generator's seed and offset
+             * words first (two kernels) for a graph whose kernels do not read them (a graph
+             * with random ops has rng), and on drivers before 11.4 synchronise the device. */
+            check(cudaGraphLaunch(graph.raw_cuda_graph_exec(), stream), "cudaGraphLaunch");
             return;
         }
         check(cudaMemcpyAsync(rng->seed_extragraph_.data_ptr(), st.rng_src, sizeof(int64_t),
@@ -926,7 +1153,7 @@ class CudaFamily final : public Family
             check(cudaEventRecord(static_cast<cudaEvent_t>(order->done), stream),
                   "cudaEventRecord");
         else
-            st.stream->synchronize();
+            sync_stream(stream, "cudaStreamSynchronize (replay)");
     }
 };
 

@@ -117,7 +117,9 @@ std::unique_ptr<at::xpu::XPUGraph> capture_graph(const XpuPool &pool, F &&body)
 {
     auto graph = std::make_unique<at::xpu::XPUGraph>();
     c10::StreamGuard guard(pool.stream);
-    c10::xpu::syncStreamsOnDevice(static_cast<c10::DeviceIndex>(pool.index));
+    /* Device-wide, but every XPU call is synchronous and on one thread: only the preparation
+     * (the engine's copies) is in flight, no other session's work. */
+    c10::xpu::syncStreamsOnDevice(static_cast<c10::DeviceIndex>(pool.index)); /* sync-ok: above */
     graph->capture_begin(pool.id);
     try {
         body();
@@ -184,12 +186,14 @@ class XpuFamily final : public Family
     {
         auto dev = static_cast<c10::DeviceIndex>(index);
         c10::DeviceGuard guard(c10::Device(c10::kXPU, dev));
-        c10::xpu::syncStreamsOnDevice(dev);
+        /* Device-wide (both), but every XPU call is synchronous and on one thread (replays wait for
+         * their stream, no ordered replays), so the device runs this warm-up's work alone. */
+        c10::xpu::syncStreamsOnDevice(dev); /* sync-ok: above */
         {
             c10::StreamGuard side(c10::xpu::getStreamFromPool(false, dev));
             body();
         }
-        c10::xpu::syncStreamsOnDevice(dev);
+        c10::xpu::syncStreamsOnDevice(dev); /* sync-ok: above */
     }
     void capture_forward(Callable &c, PoolState *pool) const override
     {

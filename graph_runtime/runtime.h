@@ -381,9 +381,32 @@ int gr_capture_abort(gr_capture_t *c);
  * was. GR_EINVAL for 0 bytes, GR_ENOMEM when the device is full; otherwise the errors above. */
 int gr_device_alloc(const char *device, uint64_t bytes, void **ptr /* [out] */,
                     uint8_t handle[GR_IPC_HANDLE_SIZE] /* [out] */);
-/* Frees a gr_device_alloc block of device (CUDA: cudaFree, which waits for the device's work in
- * flight). Graphs captured over it must not be replayed afterwards. NULL ptr: no-op. */
+/* Frees a gr_device_alloc block of device. Graphs captured over it must not be replayed
+ * afterwards. NULL ptr: no-op. CUDA: the free is deferred (cudaFree waits for every stream of
+ * the process, some of which may wait for another client's counters): events are recorded on the
+ * family's streams now, and gr_device_reclaim frees the block once they are done and no stream
+ * of the device has work queued. */
 int gr_device_free(const char *device, void *ptr);
+/* Frees what gr_device_free (and gr_seq_destroy) deferred on device and may be freed now without
+ * waiting (CUDA: its events are done and every stream of the device is idle); wait: frees all of
+ * it, waiting for their streams' events and then, through cudaFree, for the device (counted as a
+ * device-wide wait: for exit and a full device only). *pending (optional) gets the frees still
+ * deferred on device. GR_OK (a family without device memory: nothing deferred). For a caller's
+ * idle time, never a replay's path. */
+int gr_device_reclaim(const char *device, int wait, uint64_t *pending /* [out][optional] */);
+
+/* Host waits for device work the runtime made since the process started, by scope: the
+ * engine's rule is that captures, warm-ups, replays, graph destruction and frees wait only for
+ * their own streams (stream_waits), never for the whole device (device_waits; a cudaFree with
+ * work in flight counts as one). Frees deferred by gr_device_free and gr_seq_destroy, and how
+ * many of them are still deferred. For tests and status; counted with relaxed atomics. */
+typedef struct gr_sync_stats {
+    uint64_t device_waits;
+    uint64_t stream_waits;
+    uint64_t frees_deferred;
+    uint64_t frees_pending;
+} gr_sync_stats_t;
+int gr_sync_stats(gr_sync_stats_t *out);
 
 /* Where a GR_TENSOR_EXTERNAL static tensor of a graph lives: in a device allocation of the
  * pool's graph mempool (CUDA: a segment of libtorch's caching allocator, cudaMalloc'd), which
@@ -443,7 +466,8 @@ int gr_seq_skip(gr_seq_t *s, uint64_t n);
  * and a graph's stream would wait for it forever). Callable from any thread. */
 #define GR_SEQ_RELEASED (UINT64_C(1) << 62)
 int gr_seq_release(gr_seq_t *s);
-/* Frees the counters once their stream is idle. NULL: no-op. */
+/* Frees the counters once their stream is idle (CUDA: the memory itself is freed later, as
+ * gr_device_free's). NULL: no-op. */
 int gr_seq_destroy(gr_seq_t *s);
 
 /* ---- replay ----------------------------------------------------------------------------- */

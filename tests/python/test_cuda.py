@@ -644,3 +644,113 @@ def test_cuda_executors_run_under_landlock_and_seccomp():
     for e in mine:
         assert e["sandbox"].startswith("no_new_privs, landlock, seccomp;"), e["sandbox"]
         assert "off:" not in e["sandbox"], e["sandbox"]
+
+
+# ---- many processes capturing at once (issue 18)
+
+CONCURRENT_WORKER = r'''
+import copy, sys
+import torch, torch.nn as nn
+import graphd
+
+rank = int(sys.argv[1])
+torch.manual_seed(rank)
+layers = []
+for i in range(3):
+    layers += [nn.Linear(64, 64)] + ([nn.ReLU()] if i < 2 else [])
+eager = nn.Sequential(*layers).cuda()
+model = copy.deepcopy(eager)
+x = torch.randn(16, 64, device="cuda")
+y = torch.randn(16, 64, device="cuda")
+torch.cuda.synchronize()
+print("ready", flush=True)
+sys.stdin.readline()  # the barrier: every process captures at the same time
+g = graphd.make_graphed_callables(model, (x.clone(),))
+opt_e = torch.optim.SGD(eager.parameters(), lr=0.05)
+opt_g = torch.optim.SGD(model.parameters(), lr=0.05)
+for m, opt, out in ((eager, opt_e, []), (g, opt_g, [])):
+    for _ in range(20):
+        opt.zero_grad(set_to_none=True)
+        loss = nn.functional.mse_loss(m(x), y)
+        loss.backward()
+        opt.step()
+        out.append(loss.item())
+    if m is eager:
+        ref = out
+    else:
+        got = out
+torch.testing.assert_close(torch.tensor(got), torch.tensor(ref), rtol=1e-4, atol=1e-5)
+print("done ok", flush=True)
+'''
+
+CONCURRENT_PROCS = 16
+CONCURRENT_ROUNDS = 10
+
+
+def test_many_processes_capture_and_replay_at_once_against_a_fresh_daemon(tmp_path):
+    """A torchrun-like start (issue 18): CONCURRENT_PROCS processes of one uid capture
+    device-resident graphs at the same moment against a daemon that has just started (no
+    executor yet, every capture queued on the one executor of this uid and cuda:0), then train
+    20 steps each, with their replays interleaved with the others' captures; CONCURRENT_ROUNDS
+    rounds, each with a fresh daemon, and no failure allowed in any. One H200 round of eight
+    under MPS had a Capture fail with DEADLINE_EXCEEDED while captures and warm-ups synchronised
+    the whole device, whose streams included other sessions' posted replays waiting for their
+    clients' counters."""
+    _need_cuda_here()
+    import os
+    import subprocess
+    import sys
+
+    from conftest import BUILD, wait_for
+
+    script = tmp_path / "concurrent_worker.py"
+    script.write_text(CONCURRENT_WORKER)
+    failures = []
+    for rnd in range(CONCURRENT_ROUNDS):
+        sock = tmp_path / ("graphd-%d.sock" % rnd)
+        log = tmp_path / ("graphd-%d.log" % rnd)
+        with open(log, "w") as out:
+            daemon = subprocess.Popen([str(BUILD / "graphd"), "--config", "/dev/null",
+                                       "--listen", "unix:%s" % sock],
+                                      stdout=out, stderr=subprocess.STDOUT)
+        procs = []
+        try:
+            def answers():
+                try:
+                    with graphd.Client("unix:%s" % sock) as c:
+                        c.status()
+                    return True
+                except graphd.GraphdError:
+                    return daemon.poll() is not None
+            assert wait_for(answers, 20) and daemon.poll() is None, log.read_text()
+            env = dict(os.environ, GRAPHD_ADDRESS="unix:%s" % sock)
+            procs = [subprocess.Popen([sys.executable, str(script), str(r)], text=True, env=env,
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE)
+                     for r in range(CONCURRENT_PROCS)]
+            for p in procs:
+                line = p.stdout.readline()
+                assert line.startswith("ready"), (line, p.stderr.read() if p.poll() else "")
+            for p in procs:
+                p.stdin.write("go\n")
+                p.stdin.flush()
+            for r, p in enumerate(procs):
+                out, err = p.communicate(timeout=300)
+                if p.returncode != 0 or "done ok" not in out:
+                    failures.append("round %d process %d (exit %s): %s" % (
+                        rnd, r, p.returncode, err.strip().splitlines()[-3:]))
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+            daemon.terminate()
+            try:
+                rc = daemon.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                daemon.kill()
+                rc = daemon.wait()
+        if rc != 0:
+            failures.append("round %d: graphd exited with %s: %s" % (
+                rnd, rc, log.read_text()[-2000:]))
+    assert not failures, "\n".join(failures)

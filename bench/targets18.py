@@ -1,0 +1,398 @@
+#!/usr/bin/env python3
+"""Issue 18's four targets as ratios, in one command (GPU machine; run it under MPS).
+
+Every figure comes from 3 rounds whose modes alternate (graphd first in one round, in-process
+first in the next), and every throughput or latency figure from timed windows of at least
+--window seconds (default 3); each ratio is printed as min-max over the rounds, with its target:
+
+1. Aggregate steps/s, 8 processes, MLP (64, 512, 8): graphd device-resident / in-process
+   (bench/share_gpu.py --modes a,c or c,a --seconds WINDOW, a fresh daemon per round): >= 1.0.
+2. One process, device-resident step / in-process graphed step at (64, 512, 8) and
+   (64, 1024, 16) (a fresh daemon; each round times both for WINDOW s each): <= 1.05.
+3. Replay round trip of a trivial graph (x * 2 on float32[4]): graphd posted replay + stream
+   synchronize against in-process CUDAGraph.replay() + synchronize, p50 difference (<= +10 us)
+   and graphd p99 (<= 40 us), from WINDOW s of calls per mode and round.
+4. Capture time, MLP (64, 512, 8), device-resident: a process's second capture (another model
+   of the same structure) over in-process's second capture (<= 1.2); and a new process's first
+   capture against a warm daemon (one that has served the same structure to another process)
+   against a new process's first in-process capture: in-process / graphd (>= 10).
+
+Usage (repository root, build/graphd built with TORCH=python):
+  PYTHONPATH=client/python python3 bench/targets18.py [--window 3] [--json out.json]
+  MPS=1 bench/run_gpu.sh OUTDIR build targets      (the same, under MPS, output in OUTDIR)
+It takes about 5-7 minutes on an H200. Parts run as this script again (--part ...) in fresh
+processes, each against a fresh daemon unless said otherwise.
+
+--device cpu is a smoke run of the same plumbing on a machine without a GPU (e.g.
+--device cpu --window 0.2 --procs 2): graphd's CPU graphs against the eager model, which
+stands in for every in-process figure (torch has no CPU graphs); its ratios are not judged.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+REPO = BENCH.parent
+TAG = "targets18:"
+ROUNDS = 3
+SHAPES = ("64,512,8", "64,1024,16")  # MLP (batch, width, depth) of targets 1, 2 (both), 4
+SMOKE_SHAPE = "16,64,2"  # --device cpu: every target on this small MLP
+
+
+def emit(**msg):
+    print(TAG + " " + json.dumps(msg), flush=True)
+
+
+def kit(a):
+    """(device, sync, in-process graphing) for --device: on the CPU, the eager model stands in
+    for torch.cuda.make_graphed_callables."""
+    import torch
+    if a.device == "cuda":
+        return "cuda", torch.cuda.synchronize, torch.cuda.make_graphed_callables
+    return "cpu", (lambda: None), (lambda model, args: model)
+
+
+def window_of(fn, seconds, sync):
+    """Calls fn() for at least `seconds` (after 20 untimed calls); ms per call."""
+    for _ in range(20):
+        fn()
+    sync()
+    n = 0
+    t0 = time.perf_counter()
+    while True:
+        for _ in range(50):
+            fn()
+        n += 50
+        sync()
+        if time.perf_counter() - t0 >= seconds:
+            break
+    return (time.perf_counter() - t0) / n * 1e3
+
+
+# ---- parts (each in a process of its own) --------------------------------------------------
+
+def part_step(a):
+    """Target 2: device-resident and in-process graphed step times, both in one process."""
+    import copy
+
+    import torch
+    import torch.nn as nn
+
+    import graphd
+    from bench_models import mlp
+
+    b, w, d = (int(v) for v in a.shape.split(","))
+    dev, sync, inproc_graphed = kit(a)
+    torch.manual_seed(0)
+    base = mlp(w, d).to(dev)
+    x = torch.randn(b, w, device=dev)
+    y = torch.randn(b, w, device=dev)
+
+    def stepper(model):
+        opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+
+        def step():
+            opt.zero_grad(set_to_none=True)
+            nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+        return step
+    m1, m2 = copy.deepcopy(base), copy.deepcopy(base)
+    graphed = stepper(inproc_graphed(m1, (x.clone(),)))
+    resident = stepper(graphd.make_graphed_callables(m2, (x.clone(),)))
+    order = [("graphd", resident), ("inproc", graphed)]
+    if a.round % 2:
+        order.reverse()
+    out = {name: window_of(fn, a.window, sync) for name, fn in order}
+    emit(part="step", shape=a.shape, round=a.round, **out)
+
+
+def part_replay(a):
+    """Target 3: replay round trips, in-process and graphd posted, each timed for WINDOW s."""
+    import torch
+
+    import graphd
+
+    class Double(torch.nn.Module):
+        def forward(self, x):
+            return x * 2
+
+    if a.device == "cpu":  # the smoke run: eager against graphd's synchronous CPU replay
+        x = torch.ones(4)
+        graph = graphd.make_graphed_callables(Double(), (x.clone(),))._graphd_runner.graph
+
+        def inproc():
+            Double()(x)
+
+        def posted():
+            graph.replay(0)
+    else:
+        x = torch.ones(4, device="cuda")
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                Double()(x)
+        torch.cuda.current_stream().wait_stream(side)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            Double()(x)
+        cur = torch.cuda.current_stream()
+        graph = graphd.make_graphed_callables(Double().cuda(), (x.clone(),))._graphd_runner.graph
+        graphd.default_client().set_replay_posted(True)
+
+        def inproc():
+            g.replay()
+            cur.synchronize()
+
+        def posted():
+            graph.replay(0, stream=cur)
+            cur.synchronize()
+    clock = time.perf_counter_ns
+    out = {}
+    order = [("graphd", posted), ("inproc", inproc)]
+    if a.round % 2:
+        order.reverse()
+    for name, fn in order:
+        for _ in range(1000):
+            fn()
+        ts = []
+        t_end = time.perf_counter() + a.window
+        while time.perf_counter() < t_end:
+            for _ in range(200):
+                t0 = clock()
+                fn()
+                ts.append(clock() - t0)
+        ts.sort()
+        out[name] = {"n": len(ts), "p50_us": ts[len(ts) // 2] / 1e3,
+                     "p99_us": ts[min(len(ts) - 1, int(len(ts) * 0.99))] / 1e3}
+    emit(part="replay", round=a.round, **out)
+
+
+def part_capture(a):
+    """Target 4, one process: the first capture, then a second one of a new model of the same
+    structure, in-process (--mode inproc) or device-resident through graphd (--mode graphd)."""
+    import torch
+
+    from bench_models import mlp
+
+    b, w, d = (int(v) for v in a.shape.split(","))
+    dev, sync, inproc_graphed = kit(a)
+    if dev == "cuda":
+        torch.cuda.init()
+    if a.mode == "graphd":
+        import graphd  # not inside the timed capture
+    times = []
+    for i in range(2):
+        torch.manual_seed(i)
+        model = mlp(w, d).to(dev)
+        x = torch.randn(b, w, device=dev)
+        sync()
+        t0 = time.perf_counter()
+        if a.mode == "inproc":
+            inproc_graphed(model, (x,))
+        else:
+            graphd.make_graphed_callables(model, (x,))
+        sync()
+        times.append((time.perf_counter() - t0) * 1e3)
+    emit(part="capture", mode=a.mode, round=a.round, first_ms=times[0], second_ms=times[1])
+
+
+# ---- the parent ----------------------------------------------------------------------------
+
+def run_part(a, args, env=None, timeout=300):
+    cmd = [sys.executable, str(Path(__file__).resolve())] + args + [
+        "--window", str(a.window), "--device", a.device]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    msgs = [json.loads(line[len(TAG):]) for line in p.stdout.splitlines()
+            if line.startswith(TAG)]
+    if p.returncode != 0 or not msgs:
+        raise RuntimeError("%s failed (exit %s):\n%s" % (" ".join(args), p.returncode,
+                                                         p.stderr[-3000:]))
+    return msgs[-1]
+
+
+class FreshDaemon:
+    def __init__(self, a, tag):
+        sys.path.insert(0, str(BENCH))
+        from share_gpu import Daemon  # a fresh graphd on a socket of its own
+        self.d = Daemon(a.graphd, a.tmp, tag)
+        self.env = dict(os.environ, GRAPHD_ADDRESS=self.d.address)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.d.stop()
+
+
+def span(values):
+    return (min(values), max(values)) if values else (None, None)
+
+
+def judged(a, ok, values):
+    """True/False: the target met in every round or not; None on the CPU (not judged)."""
+    return all(ok(v) for v in values) if a.device == "cuda" else None
+
+
+def row_text(a, label, values, target, ok):
+    lo, hi = span(values)
+    return "%-58s %9.3f - %-9.3f target %-6s %s" % (
+        label, lo, hi, target, {True: "met", False: "MISSED", None: "-"}[judged(a, ok, values)])
+
+
+def target1(a):
+    ratios, rounds = [], []
+    shape = SHAPES[0] if a.device == "cuda" else SMOKE_SHAPE
+    b, w, d = shape.split(",")
+    for r in range(ROUNDS):
+        modes = "c,a" if r % 2 == 0 else "a,c"
+        out = a.tmp / ("share-%d.json" % r)
+        cmd = [sys.executable, str(BENCH / "share_gpu.py"), "--procs", str(a.procs),
+               "--modes", modes, "--seconds", str(a.window), "--graphd", str(a.graphd),
+               "--device", a.device, "--batch", b, "--width", w, "--depth", d,
+               "--json", str(out)]
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        if p.returncode != 0 or not out.exists():
+            raise RuntimeError("share_gpu round %d failed:\n%s" % (
+                r, (p.stdout + p.stderr)[-3000:]))
+        doc = json.loads(out.read_text())
+        by = {x["mode"]: x for x in doc["results"]}
+        ratio = by["c"]["steps_per_s"] / by["a"]["steps_per_s"]
+        ratios.append(ratio)
+        rounds.append({"order": modes, "ratio": ratio,
+                       "a_steps_per_s": by["a"]["steps_per_s"],
+                       "c_steps_per_s": by["c"]["steps_per_s"],
+                       "a_step_ms": by["a"]["step_ms_mean"], "c_step_ms": by["c"]["step_ms_mean"],
+                       "window_s": [by["a"]["window_s"], by["c"]["window_s"]]})
+    return [("aggregate steps/s graphd/in-process, %d procs (%s)" % (a.procs, shape), ratios,
+             ">= 1.0", lambda v: v >= 1.0)], rounds
+
+
+def target2(a):
+    rows, rounds = [], []
+    for shape in SHAPES if a.device == "cuda" else (SMOKE_SHAPE,):
+        ratios = []
+        with FreshDaemon(a, "step-" + shape.replace(",", "x")) as fd:
+            for r in range(ROUNDS):
+                m = run_part(a, ["--part", "step", "--shape", shape, "--round", str(r)], fd.env)
+                ratios.append(m["graphd"] / m["inproc"])
+                rounds.append(m)
+        rows.append(("single-process step graphd/in-process (%s)" % shape, ratios, "<= 1.05",
+                     lambda v: v <= 1.05))
+    return rows, rounds
+
+
+def target3(a):
+    d50, p99, rounds = [], [], []
+    with FreshDaemon(a, "replay") as fd:
+        for r in range(ROUNDS):
+            m = run_part(a, ["--part", "replay", "--round", str(r)], fd.env)
+            d50.append(m["graphd"]["p50_us"] - m["inproc"]["p50_us"])
+            p99.append(m["graphd"]["p99_us"])
+            rounds.append(m)
+    return [("replay round trip p50 graphd - in-process (us)", d50, "<= +10",
+             lambda v: v <= 10.0),
+            ("replay round trip p99 graphd (us)", p99, "<= 40", lambda v: v <= 40.0)], rounds
+
+
+def target4(a):
+    second, first, rounds = [], [], []
+    shape = ["--shape", SHAPES[0] if a.device == "cuda" else SMOKE_SHAPE]
+    with FreshDaemon(a, "capture") as fd:
+        # Warm the daemon: one process captures the structure (its executor, the module).
+        run_part(a, ["--part", "capture", "--mode", "graphd", "--round", "0"] + shape, fd.env)
+        for r in range(ROUNDS):
+            order = ["graphd", "inproc"] if r % 2 == 0 else ["inproc", "graphd"]
+            got = {}
+            for mode in order:
+                got[mode] = run_part(a, ["--part", "capture", "--mode", mode, "--round", str(r)]
+                                     + shape, fd.env if mode == "graphd" else None)
+            second.append(got["graphd"]["second_ms"] / got["inproc"]["second_ms"])
+            first.append(got["inproc"]["first_ms"] / got["graphd"]["first_ms"])
+            rounds.append(got)
+    return [("second capture graphd/in-process", second, "<= 1.2", lambda v: v <= 1.2),
+            ("new process's first capture in-process/graphd", first, ">= 10",
+             lambda v: v >= 10.0)], rounds
+
+
+def parent(a):
+    import tempfile
+    a.tmp = Path(tempfile.mkdtemp(prefix="targets18-"))
+    t_start = time.monotonic()
+    rows, detail, failed = [], {}, False
+    for name, fn in (("1", target1), ("2", target2), ("3", target3), ("4", target4)):
+        if name not in a.targets:
+            continue
+        t0 = time.monotonic()
+        print("targets18: target %s ..." % name, file=sys.stderr, flush=True)
+        try:
+            r, d = fn(a)
+            rows += r
+            detail[name] = d
+            for row in r:  # at once, in case a later target runs past the step's time limit
+                print("targets18: " + row_text(a, *row), file=sys.stderr, flush=True)
+        except Exception as e:  # noqa: BLE001 (one target failing still reports the others)
+            failed = True
+            detail[name] = {"error": str(e)}
+            print("targets18: target %s failed: %s" % (name, e), file=sys.stderr)
+        print("targets18: target %s took %.0f s" % (name, time.monotonic() - t0),
+              file=sys.stderr, flush=True)
+    print("issue 18 targets, %d alternating rounds, windows >= %g s; min-max over the rounds%s"
+          % (ROUNDS, a.window, "" if a.device == "cuda" else
+             " (CPU substitutes: not judged)"))
+    out = []
+    for label, values, target, ok in rows:
+        lo, hi = span(values)
+        met = judged(a, ok, values)
+        print(row_text(a, label, values, target, ok))
+        out.append({"name": label, "values": values, "min": lo, "max": hi, "target": target,
+                    "met": met})
+    print("(%.0f s in all)" % (time.monotonic() - t_start))
+    if a.json:
+        Path(a.json).write_text(json.dumps({"targets": out, "rounds": detail}, indent=2) + "\n")
+    return 1 if failed else 0
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--window", type=float, default=3.0, help="seconds per timed window")
+    ap.add_argument("--procs", type=int, default=8, help="processes for target 1")
+    ap.add_argument("--targets", default="1,2,3,4", help="comma-separated subset of 1,2,3,4")
+    ap.add_argument("--graphd", type=Path, default=REPO / "build" / "graphd")
+    ap.add_argument("--json", metavar="PATH", help="also write the figures as JSON to PATH")
+    ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+                    help="cpu: a smoke run without a GPU (CPU substitutes, nothing judged)")
+    ap.add_argument("--part", choices=("step", "replay", "capture"), help=argparse.SUPPRESS)
+    ap.add_argument("--shape", default="64,512,8", help=argparse.SUPPRESS)
+    ap.add_argument("--mode", choices=("graphd", "inproc"), help=argparse.SUPPRESS)
+    ap.add_argument("--round", type=int, default=0, help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    sys.path.insert(0, str(BENCH))
+    if a.part:
+        return {"step": part_step, "replay": part_replay, "capture": part_capture}[a.part](a) or 0
+    a.targets = [t.strip() for t in a.targets.split(",") if t.strip()]
+    if a.device == "cuda" and subprocess.run(  # in a child: the parent holds no CUDA context
+            [sys.executable, "-c", "import sys, torch; sys.exit(not torch.cuda.is_available())"]
+    ).returncode != 0:
+        sys.exit("targets18: torch sees no CUDA device here (--device cpu: a smoke run)")
+    a.graphd = a.graphd.resolve()
+    if not a.graphd.exists():
+        sys.exit("targets18: no %s: build it first (make TORCH=python all)" % a.graphd)
+    if not os.environ.get("GRAPHD_BUILD") and (a.graphd.parent / "libgraphd.so").exists():
+        os.environ["GRAPHD_BUILD"] = str(a.graphd.parent)
+    pkg = str(REPO / "client" / "python")
+    if pkg not in sys.path:  # share_gpu's Daemon (FreshDaemon) imports graphd here too
+        sys.path.insert(0, pkg)
+    if pkg not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+        os.environ["PYTHONPATH"] = os.pathsep.join(
+            p for p in (pkg, os.environ.get("PYTHONPATH")) if p)
+    return parent(a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
