@@ -6,11 +6,13 @@ listens on the socket itself and starts graphd through /bin/sh, which sets LISTE
 pid before it execs graphd (the pid stays the same), with the socket on fd 3.
 """
 import os
+import shutil
 import signal
 import socket
 import subprocess
 
 import graphd
+import pytest
 from conftest import BUILD, wait_for
 
 # HTTP/2: what a client sends first (the preface and an empty SETTINGS frame), and the frame type
@@ -146,3 +148,37 @@ def test_a_socket_that_is_not_a_unix_stream_listener_is_refused(tmp_path):
         assert "not a listening unix stream socket" in log and "ListenStream=" in log, log
     finally:
         a.close()
+
+
+@pytest.mark.skipif(shutil.which("systemd-socket-activate") is None,
+                    reason="systemd-socket-activate is not installed (package systemd)")
+def test_systemd_socket_activate_starts_graphd_on_the_first_connection(tmp_path):
+    """systemd's own launcher: it binds the socket, and execs graphd with it on fd 3 when the
+    first client connects; that client is served by the daemon it started."""
+    path = str(tmp_path / "graphd.sock")
+    log = tmp_path / "graphd.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(["systemd-socket-activate", "-l", path, str(BUILD / "graphd"),
+                                 "--config", "/dev/null", "--listen", "unix:" + path,
+                                 "--cpu-devices", "1"], stdout=out, stderr=subprocess.STDOUT)
+    try:
+        assert wait_for(lambda: os.path.exists(path), 30), log.read_text()
+
+        def answers():
+            assert proc.poll() is None, log.read_text()
+            try:
+                with graphd.Client("unix:" + path) as c:
+                    return c.status()
+            except graphd.GraphdError:
+                return None
+        st = wait_for(answers, 60)
+        assert st, log.read_text()
+        assert int(st["daemon"]["pid"]) == proc.pid  # exec'd in place: systemd's LISTEN_PID
+        assert "(socket from systemd)" in log.read_text()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0, log.read_text()
+        assert os.path.exists(path)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
