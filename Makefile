@@ -289,8 +289,10 @@ install: $(BUILD)/graphd $(BUILD)/graphd-executor $(SOCLI) $(BUILD)/graphctl $(B
 	for f in $(INSTALL_DOCS); do put 644 $$f $(PREFIX)/share/doc/graphd/$$f; done; \
 	for f in $(MAN_PAGES); do put 644 $$f $(PREFIX)/share/man/man$${f##*.}/$${f##*/}; done; \
 	if [ ! -e "$$d/etc/graphd/graphd.conf" ]; then put 644 deploy/systemd/graphd.conf /etc/graphd/graphd.conf; fi; \
-	sed 's|@SBINDIR@|$(PREFIX)/sbin|' deploy/systemd/graphd.service > $$m.unit; \
+	sed -e 's|@SBINDIR@|$(PREFIX)/sbin|' -e 's|@DOCDIR@|$(PREFIX)/share/doc/graphd|' \
+	  deploy/systemd/graphd.service > $$m.unit; \
 	put 644 $$m.unit /lib/systemd/system/graphd.service; rm -f $$m.unit; \
+	put 644 deploy/systemd/graphd.socket /lib/systemd/system/graphd.socket; \
 	put 644 deploy/systemd/graphd-sysusers.conf /usr/lib/sysusers.d/graphd.conf; \
 	echo $(MANIFEST) >> $$m; install -D -m 644 $$m "$$d$(MANIFEST)"; rm -f $$m; \
 	echo "installed $$(wc -l < "$$d$(MANIFEST)") files under $${d:-/} (list: $(MANIFEST))"

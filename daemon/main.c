@@ -3,6 +3,7 @@
  * config, starts the gRPC server and the session socket, and runs the libuv
  * loop until SIGTERM/SIGINT have drained the in-flight calls.
  */
+#include "activation.h"
 #include "cgroup.h"
 #include "daemon.h"
 #include "log.h"
@@ -249,8 +250,8 @@ static void on_rpc_idle(void *ctx)
     gd_metrics_stop(d);
     gd_rpc_destroy(d->rpc);
     d->rpc = NULL;
-    if (strncmp(d->cfg.listen, "unix:", 5) == 0)
-        unlink(d->cfg.listen + 5);
+    if (strncmp(d->cfg.listen, "unix:", 5) == 0 && !gd_activation_active())
+        unlink(d->cfg.listen + 5); /* systemd's socket stays for the next daemon */
     uv_walk(d->loop, on_close_walk, NULL);
 }
 
@@ -285,6 +286,7 @@ static void stop(gd_daemon_t *d, const char *why)
     uv_signal_stop(&d->sig_hup);
     uv_timer_stop(&d->tick);
     gd_sessions_close_listener(d);
+    gd_activation_stop();
     uv_timer_start(&d->grace, on_grace_expired, d->cfg.shutdown_grace_ms, 0);
     gd_rpc_shutdown(d->rpc, on_rpc_idle);
 }
@@ -385,17 +387,24 @@ static int start(gd_daemon_t *d)
             return -1;
         }
     }
-    bool is_unix = strncmp(d->cfg.listen, "unix:", 5) == 0;
+    int activated = gd_activation_take(d); /* graphd.socket: systemd's listening socket */
+    if (activated < 0)
+        return -1;
+    bool is_unix = strncmp(d->cfg.listen, "unix:", 5) == 0 && !activated;
     if (is_unix && gd_socket_prepare(d->cfg.listen + 5) != 0)
         return -1;
-    gd_rpc_opts_t ro = {d->cfg.listen, d->cfg.tls_cert, d->cfg.tls_key, d->cfg.max_message_bytes};
+    gd_rpc_opts_t ro = {d->cfg.listen, d->cfg.tls_cert, d->cfg.tls_key, d->cfg.max_message_bytes,
+                        activated > 0};
     if (gd_rpc_start(d->loop, &ro, gd_methods, gd_methods_count, d, &d->rpc) != 0)
         return -1;
     if (is_unix)
         gd_socket_permissions(d, d->cfg.listen + 5);
+    if (activated && gd_activation_start(d) != 0)
+        return -1;
     if (gd_sessions_listen(d) != 0)
         return -1;
-    gd_info("graphd %s listening on %s (pid %d)", GRAPHD_VERSION, d->cfg.listen, (int)getpid());
+    gd_info("graphd %s listening on %s%s (pid %d)", GRAPHD_VERSION, d->cfg.listen,
+            gd_activation_active() ? " (socket from systemd)" : "", (int)getpid());
     /* Which protections are off, so that an operator does not have to read the docs to know. */
     long abi = syscall(SYS_landlock_create_ruleset, NULL, 0, 1u /* ..._VERSION */);
     char landlock[96];

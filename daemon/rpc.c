@@ -10,6 +10,7 @@
 
 #include <grpc/byte_buffer_reader.h>
 #include <grpc/grpc.h>
+#include <grpc/grpc_posix.h>
 #include <grpc/grpc_security.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -17,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define REQUESTS_OUTSTANDING 8
 
@@ -395,11 +397,11 @@ int gd_rpc_start(uv_loop_t *loop, const gd_rpc_opts_t *opts, const gd_method_t *
     rpc->cq = grpc_completion_queue_create_for_next(NULL);
     grpc_server_register_completion_queue(rpc->server, rpc->cq, NULL);
 
-    grpc_server_credentials *creds = make_credentials(opts);
+    grpc_server_credentials *creds = opts->no_port ? NULL : make_credentials(opts);
     int port = creds ? grpc_server_add_http2_port(rpc->server, opts->listen, creds) : 0;
     if (creds)
         grpc_server_credentials_release(creds);
-    if (port == 0) {
+    if (port == 0 && !opts->no_port) {
         gd_error("rpc: cannot listen on %s", opts->listen);
         grpc_server_destroy(rpc->server);
         grpc_completion_queue_shutdown(rpc->cq);
@@ -422,6 +424,19 @@ int gd_rpc_start(uv_loop_t *loop, const gd_rpc_opts_t *opts, const gd_method_t *
     rpc->thread_started = true;
     *out = rpc;
     return 0;
+}
+
+void gd_rpc_add_fd(gd_rpc_t *rpc, int fd)
+{
+    if (!atomic_load(&rpc->accepting)) {
+        close(fd);
+        return;
+    }
+    /* gRPC 1.51 takes only insecure credentials here (it logs and returns otherwise, leaving the
+     * fd open), which is all a unix socket has. */
+    grpc_server_credentials *creds = grpc_insecure_server_credentials_create();
+    grpc_server_add_channel_from_fd(rpc->server, fd, creds);
+    grpc_server_credentials_release(creds);
 }
 
 void gd_rpc_shutdown(gd_rpc_t *rpc, void (*on_idle)(void *ctx))

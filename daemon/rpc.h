@@ -52,12 +52,17 @@ typedef struct gd_rpc_opts {
     const char *listen; /* "unix:/path" or "host:port" */
     const char *tls_cert, *tls_key;
     uint64_t max_message_bytes;
+    /* Socket activation (activation.c): bind no port; connections come through gd_rpc_add_fd. */
+    bool no_port;
 } gd_rpc_opts_t;
 
 /* Binds and starts the server and its completion-queue thread; handlers get ctx. 0 or -1
  * (logged). The method table must outlive the server. */
 int gd_rpc_start(uv_loop_t *loop, const gd_rpc_opts_t *opts, const gd_method_t *methods,
                  size_t nmethods, void *ctx, gd_rpc_t **out);
+/* Serves one accepted connection (a connected unix stream socket, which the server now owns);
+ * for socket activation, where gRPC core cannot adopt a listening socket. Thread-safe. */
+void gd_rpc_add_fd(gd_rpc_t *rpc, int fd);
 /* Stops accepting calls; in-flight calls go on. Calls on_idle (on the loop) once no call is in
  * flight and the server has shut down. */
 void gd_rpc_shutdown(gd_rpc_t *rpc, void (*on_idle)(void *ctx));

@@ -13,6 +13,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BUILD = os.path.abspath(os.environ.get("GRAPHD_BUILD", os.path.join(ROOT, "build")))
 UNIT = os.path.join(ROOT, "deploy", "systemd", "graphd.service")
+SOCKET = os.path.join(ROOT, "deploy", "systemd", "graphd.socket")
 MAX_EXPOSURE = 2.0
 
 analyze = shutil.which("systemd-analyze")
@@ -22,16 +23,54 @@ needs_analyze = pytest.mark.skipif(analyze is None,
 
 @pytest.fixture
 def unit(tmp_path):
-    text = open(UNIT).read().replace("@SBINDIR@", BUILD)
+    text = open(UNIT).read().replace("@SBINDIR@", BUILD).replace("@DOCDIR@", "/usr/share/doc")
     path = tmp_path / "graphd.service"
     path.write_text(text)
+    # Beside it, as installed: the socket unit names the service, the service's Also= the socket.
+    (tmp_path / "graphd.socket").write_text(open(SOCKET).read())
     return path
+
+
+def verify(path):
+    """systemd-analyze verify, which also runs `man` on each man: Documentation= page: they are
+    this build's pages, laid out as make install puts them."""
+    man = path.parent / "man"
+    for page in os.listdir(os.path.join(BUILD, "man")):
+        section = man / ("man" + page.rsplit(".", 1)[1])
+        section.mkdir(parents=True, exist_ok=True)
+        if not (section / page).exists():
+            (section / page).symlink_to(os.path.join(BUILD, "man", page))
+    return subprocess.run([analyze, "verify", str(path)], capture_output=True, text=True,
+                          env=dict(os.environ, MANPATH=str(man)))
 
 
 @needs_analyze
 def test_unit_verifies(unit):
-    r = subprocess.run([analyze, "verify", str(unit)], capture_output=True, text=True)
+    r = verify(unit)
     assert r.returncode == 0 and r.stderr.strip() == "", r.stderr
+
+
+@needs_analyze
+def test_socket_unit_verifies(unit):
+    r = verify(unit.parent / "graphd.socket")
+    assert r.returncode == 0 and r.stderr.strip() == "", r.stderr
+
+
+def test_socket_unit_is_the_configured_control_socket(unit):
+    """graphd takes one inherited socket, the control socket at listen (daemon/activation.c): the
+    socket unit listens there, once, and systemd's directory is the one the service keeps."""
+    text = (unit.parent / "graphd.socket").read_text()
+    streams = re.findall(r"^ListenStream=(\S+)", text, re.M)
+    conf = open(os.path.join(ROOT, "deploy", "systemd", "graphd.conf")).read()
+    listen = re.search(r"^listen\s*=\s*unix:(\S+)", conf, re.M).group(1)
+    assert streams == [listen]
+    assert not re.search(r"^Listen(Datagram|SequentialPacket|FIFO)=", text, re.M)
+    service = unit.read_text()
+    assert re.search(r"^RuntimeDirectory=%s$" % os.path.basename(os.path.dirname(listen)),
+                     service, re.M)
+    # Else stopping the service would delete the socket systemd still listens on.
+    assert re.search(r"^RuntimeDirectoryPreserve=yes", service, re.M)
+    assert "@" not in re.search(r"^Documentation=(.*)$", service, re.M).group(1)
 
 
 @needs_analyze

@@ -60,7 +60,12 @@ def test_install_then_uninstall(tmp_path):
                 "/share/doc/graphd/LICENSE"):
         assert os.path.isfile(p(PREFIX + rel)), rel
     assert os.path.isfile(p("/lib/systemd/system/graphd.service"))
-    assert PREFIX + "/sbin/graphd" in open(p("/lib/systemd/system/graphd.service")).read()
+    service = open(p("/lib/systemd/system/graphd.service")).read()
+    assert PREFIX + "/sbin/graphd" in service
+    assert "Documentation=man:graphd(8) man:graphd.conf(5) file://%s/share/doc/graphd/docs/" \
+        "OPERATIONS.md\n" % PREFIX in service
+    assert os.path.isfile(p(PREFIX + "/share/doc/graphd/docs/OPERATIONS.md"))
+    assert os.path.isfile(p("/lib/systemd/system/graphd.socket"))
 
     # A client builds against the installed files through pkg-config and runs.
     env = dict(os.environ, PKG_CONFIG_PATH=p(PREFIX + "/lib/pkgconfig"),

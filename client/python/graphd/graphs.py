@@ -371,6 +371,10 @@ class _Runner:
         self.rng = _Rng(new.rng, self.cuda_device) if new.rng is not None else None
         if saved is not None:
             self.rng.saved = saved
+            # The FORWARD retried on the new graph draws from the state its before() wrote, not
+            # the copied one: a daemon that was stopped and resumed may have run the interrupted
+            # FORWARD on the old static tensors after that write, advancing their state.
+            self.rng.state.copy_(saved)
         self.stale = self.forwards > 0
 
     def _reforward(self):

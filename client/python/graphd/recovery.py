@@ -184,6 +184,12 @@ class State:
         L = _lib.lib()
         if not L.graphd_session_id(c._h):
             return True  # libgraphd ended it: the session socket closed or went out of step
+        if e.code == "NOT_FOUND" and e.message.startswith("no such session"):
+            # A daemon that does not know this session: a new one on the same socket, reached by
+            # an RPC before this client read the old session socket's EOF (gRPC reconnects on
+            # its own), or the same daemon, which ended it. The session token makes sure it is
+            # never another client's session of the same id.
+            return True
         if e.code not in _LOST_CODES:
             return False
         # UNAVAILABLE with the session socket seemingly open: an RPC found no daemon, or a replay
