@@ -39,6 +39,7 @@ static const char *spin_default(void)
 }
 
 static const char *const replay_orders[] = {"posted", "events", "sync", NULL};
+static const char *const trace_caches[] = {"disk", "memory", "off", NULL};
 
 static const setting_t settings[] = {
     {"GRAPHD_ADDRESS", SET_ADDRESS, GRAPHD_DEFAULT_ADDRESS, NULL, 0, 0, NULL,
@@ -67,6 +68,13 @@ static const setting_t settings[] = {
     {"GRAPHD_ZE_LOADER", SET_PATH, "libze_loader.so.1", NULL, 0, 0, NULL,
      "the Level Zero loader libgraphd loads (dlopen) the first time it maps an xpu region "
      "(Debian: package libze1); a name is searched as dlopen does, a path taken as given"},
+    {"GRAPHD_TRACE_CACHE", SET_CHOICE, "disk", NULL, 0, 0, trace_caches,
+     "the Python package's traced archives reused across captures of the same module structure "
+     "and sample specs: disk (in memory and in GRAPHD_TRACE_CACHE_DIR, so a new process skips "
+     "the trace too), memory (this process only), off (trace every capture)"},
+    {"GRAPHD_TRACE_CACHE_DIR", SET_PATH, "", NULL, 0, 0, NULL,
+     "directory of the disk trace cache, which must be the user's own with mode 0700; empty: "
+     "$XDG_CACHE_HOME/graphd/traces, else ~/.cache/graphd/traces"},
 };
 
 #define NSETTINGS (sizeof(settings) / sizeof(settings[0]))

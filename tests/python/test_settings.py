@@ -15,7 +15,8 @@ from graphd import _lib
 
 REPO = Path(__file__).resolve().parents[2]
 NAMES = ["GRAPHD_ADDRESS", "GRAPHD_TIMEOUT_MS", "GRAPHD_SPIN_US", "GRAPHD_DIRECT",
-         "GRAPHD_TLS_CA", "GRAPHD_REPLAY_ORDER", "GRAPHD_COPY_PARAM_GRADS", "GRAPHD_ZE_LOADER"]
+         "GRAPHD_TLS_CA", "GRAPHD_REPLAY_ORDER", "GRAPHD_COPY_PARAM_GRADS", "GRAPHD_ZE_LOADER",
+         "GRAPHD_TRACE_CACHE", "GRAPHD_TRACE_CACHE_DIR"]
 
 
 @pytest.fixture
@@ -35,6 +36,8 @@ def test_names_and_defaults(clean_env):
     assert _lib.setting("GRAPHD_REPLAY_ORDER") == "posted"
     assert _lib.setting("GRAPHD_COPY_PARAM_GRADS") == "0"
     assert _lib.setting("GRAPHD_ZE_LOADER") == "libze_loader.so.1"
+    assert _lib.setting("GRAPHD_TRACE_CACHE") == "disk"
+    assert _lib.setting("GRAPHD_TRACE_CACHE_DIR") == ""
     clean_env.setenv("GRAPHD_REPLAY_ORDER", "")  # empty reads as unset
     assert _lib.setting("GRAPHD_REPLAY_ORDER") == "posted"
     with pytest.raises(graphd.NotFound) as e:

@@ -64,7 +64,8 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from . import _lib, recovery
 from .client import PoolHandle, default_client, graph_pool_handle, normalize_device
 from .errors import PerformanceWarning, make_error
-from .tracing import callable_name, trace as _trace
+from .trace_cache import trace as _trace  # tracing.trace, reused across the same keys
+from .tracing import callable_name
 
 _DTYPES = {
     torch.float32: _lib.DTYPE_FLOAT32, torch.float64: _lib.DTYPE_FLOAT64,
