@@ -199,6 +199,7 @@ def cache(tmp_path, monkeypatch):
     d = tmp_path / "traces"
     monkeypatch.setenv("GRAPHD_TRACE_CACHE_DIR", str(d))
     monkeypatch.setenv("GRAPHD_TRACE_CACHE", "disk")
+    tc.release_held()
     tc.clear_memory()
     tc.reset_stats()
     calls = []
@@ -209,6 +210,7 @@ def cache(tmp_path, monkeypatch):
         return orig(*a, **k)
     monkeypatch.setattr(tracing, "trace", counted)
     yield d, calls
+    tc.release_held()
     tc.clear_memory()
 
 
@@ -436,3 +438,76 @@ def test_issue7_guards_still_refuse(cache):
     bn.bn.momentum = None
     with pytest.raises(graphd.InvalidArgument, match="momentum=None"):
         graphd.make_graphed_callables(bn, (torch.randn(4, 8),))
+
+
+# ---- modules held for later captures ---------------------------------------------------------
+
+@pytest.fixture
+def registrations(monkeypatch):
+    """The sessions (clients) that RegisterModule was called for, in order."""
+    calls = []
+    orig = graphd.Client.register_module
+
+    def counted(self, *a, **k):
+        calls.append(self)
+        return orig(self, *a, **k)
+    monkeypatch.setattr(graphd.Client, "register_module", counted)
+    return calls
+
+
+def test_a_later_capture_reuses_the_module_the_client_holds(cache, registrations):
+    x = torch.randn(4, 8)
+    ref = _run(_seeded(), x)
+    _equal(_run(_seeded(), x), ref)
+    assert len(registrations) == 1 and tc.stats["held"] == 1
+    client = graphd.default_client()
+    assert len(tc._held[client]) == 1
+    tc.release_held()
+    _equal(_run(_seeded(), x), ref)  # registered again
+    assert len(registrations) == 2
+
+
+def test_only_archives_of_the_cache_are_held(cache, registrations, monkeypatch):
+    monkeypatch.setenv("GRAPHD_TRACE_CACHE", "off")
+    x = torch.randn(4, 8)
+    _run(Net(), x)
+    _run(Net(), x)
+    assert len(registrations) == 2 and not tc._held.get(graphd.default_client())
+
+
+def test_at_most_modules_held(cache, monkeypatch):
+    monkeypatch.setattr(tc, "MODULES_HELD", 1)
+    x = torch.randn(4, 8)
+    _run(Net(scale=2.0), x)
+    (first,) = tc._held[graphd.default_client()].values()
+    _run(Net(scale=3.0), x)
+    (second,) = tc._held[graphd.default_client()].values()
+    assert second != first
+
+
+def test_a_failed_capture_releases_the_module(cache, registrations):
+    client = graphd.default_client()
+    x = torch.randn(4, 8)
+    _run(Net(), x)
+    mid = next(iter(tc._held[client].values()))
+    tc.release(client, [mid], failed=True)
+    assert not tc._held[client]
+    with pytest.raises(graphd.NotFound):
+        client.capture([(mid, None, [(graphs._DTYPES[torch.float32], (4, 8), False)])])
+
+
+def test_another_session_neither_gets_nor_uses_a_held_module(cache, registrations, daemon):
+    """Held module ids are the session's: another client (here of the same uid; another uid's
+    executor is another process altogether) registers its own, and the id held by the first is
+    refused to it."""
+    x = torch.randn(4, 8)
+    _run(Net(), x)
+    mine = next(iter(tc._held[graphd.default_client()].values()))
+    archive = tc._memory[next(iter(tc._memory))][0]
+    with graphd.Client(daemon.address) as other:
+        theirs = tc.register(other, archive, "Net")
+        assert theirs != mine and registrations[-1] is other
+        spec = [(graphs._DTYPES[torch.float32], (4, 8), False)]
+        with pytest.raises(graphd.PermissionDenied, match="another session"):
+            other.capture([(mine, None, spec)])
+        tc.release_held(other)

@@ -64,6 +64,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from . import _lib, recovery
 from .client import PoolHandle, default_client, graph_pool_handle, normalize_device
 from .errors import PerformanceWarning, make_error
+from . import trace_cache
 from .trace_cache import trace as _trace  # tracing.trace, reused across the same keys
 from .tracing import callable_name
 
@@ -824,10 +825,13 @@ def make_graphed_callables(callables, sample_args, num_warmup_iters=3, allow_unu
     traced = []
     module_ids = []
     copy_param_grads = _lib.setting("GRAPHD_COPY_PARAM_GRADS") == "1"  # README, "Settings"
+    failed = True
     try:
         for func, args, flat in zip(callables, sample_args, flatten_sample_args):
             archive, out_spec, prefix, free = _trace(func, tuple(args), flat, _DTYPES)
-            module_ids.append(client.register_module(archive, callable_name(func)))
+            # The id of a module this client still holds from a capture of the same archive, or
+            # a new one (trace_cache.register).
+            module_ids.append(trace_cache.register(client, archive, callable_name(func)))
             traced.append((out_spec, prefix, free))
         graphs = client.capture([(mid, None, a) for mid, a in zip(module_ids, arg_specs)],
                                 num_warmup_iters=num_warmup_iters,
@@ -838,12 +842,11 @@ def make_graphed_callables(callables, sample_args, num_warmup_iters=3, allow_unu
             graph.device = cuda_dev  # where a device-resident graph's static tensors are
         if cuda_dev is not None:
             _warn_without_mps(client, cuda_dev)
+        failed = False
     finally:
-        for mid in module_ids:  # the graphs own a copy: the modules are not needed any more
-            try:
-                client.release_module(mid)
-            except Exception:
-                pass
+        # The graphs own a copy: the modules are not needed any more, but for those the client
+        # holds for a later capture of the same archive.
+        trace_cache.release(client, module_ids, failed)
 
     # Upstream's warm-up updates the module's buffers; the daemon's updated its own copy (with
     # sample values of its own), so do here what upstream's warm-up does to them.

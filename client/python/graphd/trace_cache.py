@@ -34,7 +34,19 @@ to this uid and be closed to others, else it is not used (a warning says what to
 is used only if it is a regular file of this uid closed to others, carries the key it is named
 by and its archive's SHA-256 matches; anything else is a miss (a corrupt file of ours is
 removed and written again). "memory" keeps them in memory only, "off" traces every time.
+
+Modules held (register() and release(), around the Capture call): the daemon loads an archive
+once per uid (its executor finds the same bytes by SHA-256), but only while some session holds
+it; make_graphed_callables used to release its module right after the capture, so the next
+capture of the same structure uploaded and loaded it again. A client now keeps the modules of
+archives from this cache registered in its session (at most MODULES_HELD, least recently used
+released first) and gives the same module id to a later capture of the same archive, which then
+skips RegisterModule; and while this process holds it, another process of the same uid that
+registers the same archive gets the daemon's loaded module back instead of a new load. Module
+ids are the session's own and the daemon's executors are per uid, so nothing is shared across
+tenants (tests/python/test_capture_cache.py). The session's status counts them as its modules.
 """
+import collections
 import enum
 import hashlib
 import json
@@ -44,6 +56,7 @@ import tempfile
 import threading
 import types
 import warnings
+import weakref
 
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
@@ -52,12 +65,16 @@ from . import _lib, tracing
 
 MAGIC = b"graphd-trace 1\n"
 MEMORY_MAX = 256  # archives kept in memory (least recently used dropped)
+MODULES_HELD = 16  # modules a client keeps registered for later captures (see register())
 FILE_MAX = 1 << 30  # a cache file larger than this is not read
 
-stats = {"memory": 0, "disk": 0, "traced": 0, "uncacheable": 0, "corrupt": 0, "refused": 0}
+stats = {"memory": 0, "disk": 0, "traced": 0, "uncacheable": 0, "corrupt": 0, "refused": 0,
+         "held": 0}
 last_reason = None  # why the last uncacheable callable was
 
-_memory = {}  # key => (archive, out_spec, prefix)
+_memory = {}  # key => (archive, out_spec, prefix, archive's SHA-256)
+_holdable = {}  # SHA-256 of an archive in _memory => how many keys have it
+_held = weakref.WeakKeyDictionary()  # Client => OrderedDict SHA-256 => module id (LRU first)
 _lock = threading.Lock()
 _warned = set()
 _source_digest = None
@@ -70,6 +87,7 @@ class Uncacheable(Exception):
 def clear_memory():
     with _lock:
         _memory.clear()
+        _holdable.clear()
 
 
 def reset_stats():
@@ -427,7 +445,7 @@ def trace(func, args, flat_args, dtypes):
             _memory[k] = hit  # most recently used last
     if hit is not None:
         stats["memory"] += 1
-        return hit + ([],)
+        return hit[:3] + ([],)
     d = _private_dir() if level == "disk" else None
     hit = _load(d, k) if d else None
     if hit is not None:
@@ -440,8 +458,69 @@ def trace(func, args, flat_args, dtypes):
         hit = (archive, out_spec, prefix)
         if d:
             _store(d, k, archive, out_spec, prefix)
+    digest = hashlib.sha256(hit[0]).hexdigest()
     with _lock:
-        _memory[k] = hit
+        if k not in _memory:
+            _holdable[digest] = _holdable.get(digest, 0) + 1
+        _memory[k] = hit + (digest,)
         while len(_memory) > MEMORY_MAX:
-            _memory.pop(next(iter(_memory)))
+            gone = _memory.pop(next(iter(_memory)))[3]
+            _holdable[gone] -= 1
+            if not _holdable[gone]:
+                del _holdable[gone]
     return hit + ([],)
+
+
+def register(client, archive, name):
+    """The id of a module of archive in client's session: one this client holds from an earlier
+    capture, else a new registration, held when the archive is one of this cache's."""
+    digest = hashlib.sha256(archive).hexdigest()
+    with _lock:
+        held = _held.get(client)
+        mid = held.pop(digest, None) if held is not None else None
+        if mid is not None:
+            held[digest] = mid  # most recently used last
+            stats["held"] += 1
+            return mid
+    mid = client.register_module(archive, name)
+    drop = []
+    with _lock:
+        if digest in _holdable:
+            held = _held.setdefault(client, collections.OrderedDict())
+            held[digest] = mid
+            while len(held) > MODULES_HELD:
+                drop.append(held.popitem(last=False)[1])
+    for old in drop:
+        _release(client, old)
+    return mid
+
+
+def release(client, module_ids, failed=False):
+    """After a capture: releases the modules this client does not hold, and after a failed
+    capture those it holds too (a later capture registers them again)."""
+    with _lock:
+        held = _held.get(client) or {}
+        kept = set(held.values())
+        if failed:
+            for digest in [d for d, m in held.items() if m in module_ids]:
+                del held[digest]
+            kept = set()
+    for mid in module_ids:
+        if mid not in kept:
+            _release(client, mid)
+
+
+def release_held(client=None):
+    """Releases the modules client (None: every client) holds for later captures."""
+    with _lock:
+        clients = [client] if client is not None else list(_held.keys())
+        mids = [(c, m) for c in clients for m in (_held.pop(c, None) or {}).values()]
+    for c, mid in mids:
+        _release(c, mid)
+
+
+def _release(client, mid):
+    try:
+        client.release_module(mid)
+    except Exception:  # a closed client, a daemon gone: nothing left to release
+        pass
