@@ -354,15 +354,20 @@ def main():
               "(%.2fx)" % (args.steps, step_graphd, step_eager, step_graphd / step_eager))
     walls = [r[0] for r in runs]
     steady = statistics.median(walls[1:]) if len(walls) > 1 else walls[0]
+    if gd_trace_cache.last_reason:
+        print("trace cache: the model was traced every time: %s" % gd_trace_cache.last_reason)
     print("graphd / in-process: first %.2fx, median of the rest %.2fx (target <= 1.2x)" % (
         walls[0] / inproc2, steady / inproc2))
     if fresh is not None:
         g, ip = fresh
         t = g["t"]
         print("new process, first capture: graphd %.1f ms (trace %.1f ms, cache key %.1f ms, "
-              "disk read %.1f ms; cache %s), in-process %.1f ms" % (
+              "disk read %.1f ms, RegisterModule %.1f ms, Capture call %.1f ms; cache %s), "
+              "in-process %.1f ms" % (
                   g["wall"], t.get("trace", 0) * 1e3, t.get("cache key", 0) * 1e3,
                   t.get("cache read", 0) * 1e3,
+                  (t.get("RegisterModule", 0) - t.get("hello", 0)) * 1e3,
+                  t.get("Capture", 0) * 1e3,
                   ", ".join("%s %d" % kv for kv in sorted(g["cache"].items()) if kv[1]),
                   ip["wall"]))
         print("graphd / in-process, new process's first capture: %.2fx (target <= 0.10x, "

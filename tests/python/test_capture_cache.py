@@ -54,6 +54,7 @@ def _other_net_class():
 
         def forward(self, x):
             return self.bn(torch.tanh(self.layers(x))) * self.scale
+    Net.__qualname__ = "Net"  # the same qualified name too: only the code differs
     return Net
 
 

@@ -434,9 +434,9 @@ def trace(func, args, flat_args, dtypes):
         return tracing.trace(func, args, flat_args, dtypes)
     try:
         k = key(func, args, flat_args, dtypes)
-    except Uncacheable as e:
+    except Exception as e:  # Uncacheable, or an object key() did not expect: trace it
         stats["uncacheable"] += 1
-        last_reason = str(e)
+        last_reason = str(e) if isinstance(e, Uncacheable) else "%s: %s" % (type(e).__name__, e)
         return tracing.trace(func, args, flat_args, dtypes)
     tracing._check_modules(func, tracing.callable_name(func))  # cheap: the same error at once
     with _lock:
