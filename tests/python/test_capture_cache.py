@@ -8,6 +8,7 @@ import stat
 import subprocess
 import sys
 import textwrap
+import types
 
 import pytest
 import torch
@@ -174,7 +175,21 @@ def _with_object():
     return m
 
 
+CONFIG = types.ModuleType("gd_test_config")  # a module of the user's: its attributes can change
+CONFIG.SCALE = 2.0
+
+
+class Configured(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.lin(x) * CONFIG.SCALE
+
+
 UNCACHEABLE = {
+    "a module of the user's read by forward": Configured,
     "plain tensor attribute": _with_tensor_attr,
     "hook on a submodule": _with_hook,
     "object attribute": _with_object,

@@ -52,6 +52,7 @@ import hashlib
 import json
 import os
 import stat
+import sys
 import tempfile
 import threading
 import types
@@ -200,6 +201,11 @@ class _Keyer:
         if isinstance(v, type):
             return self.cls(v)
         if isinstance(v, types.ModuleType):
+            top = v.__name__.partition(".")[0]
+            if top not in ("torch", "numpy") and top not in getattr(sys, "stdlib_module_names",
+                                                                      ()):
+                raise Uncacheable("its code reads module %s, whose attributes graphd cannot key"
+                                  % v.__name__)
             return "module:" + v.__name__
         if isinstance(v, (types.BuiltinFunctionType, types.MethodDescriptorType,
                           types.WrapperDescriptorType, types.GetSetDescriptorType,
