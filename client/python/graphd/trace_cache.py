@@ -7,7 +7,8 @@ the trace reads, and key() names all of it:
 - the code: for each module of the tree, its class (module, qualified name) and, for classes
   outside torch, the bytecode, constants, defaults and closure of every function of the class
   and its bases, with the globals that code names (plain values by value, functions by their
-  code, recursively); torch's own classes go by torch's version;
+  code, recursively; the modules of torch, numpy and the standard library by name, a module of
+  the user's not at all: uncacheable); torch's own classes go by torch's version;
 - the structure: each module's path, training flag and every other attribute of its __dict__
   (hook dicts included), which must be plain values (numbers, strings, None, dtypes, devices
   and containers of them); parameter and buffer names, shapes, strides, dtypes, devices,
