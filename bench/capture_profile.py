@@ -223,7 +223,8 @@ def child(args, batch, width, depth, device, model_device, device_arg):
 def new_process(args, kind):
     """The JSON of a child (see child()) run with this script's arguments."""
     argv = [sys.executable, __file__, "--child", kind, "--shape", args.shape, "--device",
-            args.device, "--warmup", str(args.warmup)] + (["--host-staged"] if args.host_staged
+            args.device, "--warmup", str(args.warmup), "--modules-held",
+            str(args.modules_held)] + (["--host-staged"] if args.host_staged
                                                           else [])
     out = subprocess.run(argv, capture_output=True, text=True, timeout=600)
     if out.returncode != 0:
@@ -246,6 +247,9 @@ def main():
     ap.add_argument("--daemon-log",
                     help="with --address: that daemon's log, for its part of the time; else where "
                     "the daemon started here logs (default: a temporary file)")
+    ap.add_argument("--modules-held", type=int, default=gd_trace_cache.MODULES_HELD,
+                    help="modules a client keeps registered for later captures (0: release each "
+                    "after its capture, as before issue 18; default %(default)s)")
     ap.add_argument("--no-new-process", action="store_true",
                     help="skip the two new processes' first captures")
     ap.add_argument("--child", choices=("graphd", "inproc"), help=argparse.SUPPRESS)
@@ -258,6 +262,7 @@ def main():
         ap.error("--host-staged needs --device cuda:N")
     model_device = torch.device("cpu") if args.host_staged else device
     device_arg = args.device if args.host_staged else None
+    gd_trace_cache.MODULES_HELD = args.modules_held
     if args.child:
         return child(args, batch, width, depth, device, model_device, device_arg)
     cache_dir = None
@@ -313,7 +318,8 @@ def main():
     label = ("torch.cuda.make_graphed_callables" if device.type == "cuda"
              else "%d eager warm-up iterations" % args.warmup)
     print("in-process (%s): %.1f ms, again %.1f ms" % (label, inproc, inproc2))
-    print("trace cache (GRAPHD_TRACE_CACHE): %s" % os.environ.get("GRAPHD_TRACE_CACHE", "disk"))
+    print("trace cache (GRAPHD_TRACE_CACHE): %s, modules held %d" % (
+        os.environ.get("GRAPHD_TRACE_CACHE", "disk"), args.modules_held))
     rows = [
         ("trace (torch.jit.trace)", lambda w, t, d: t.get("trace", 0) * 1e3),
         ("archive (torch.jit.save)", lambda w, t, d: t.get("save", 0) * 1e3),

@@ -492,7 +492,7 @@ def register(client, archive, name):
     mid = client.register_module(archive, name)
     drop = []
     with _lock:
-        if digest in _holdable:
+        if digest in _holdable and MODULES_HELD > 0:
             held = _held.setdefault(client, collections.OrderedDict())
             held[digest] = mid
             while len(held) > MODULES_HELD:
