@@ -3,6 +3,7 @@ with everything the trace depends on (each component changed alone gives another
 instance of the same structure the same one), callables whose trace cannot be keyed traced every
 time, results bit-identical to an uncached capture, and the disk cache: a new process's hit,
 file and directory permissions, corrupt files, and files or directories of another uid."""
+import json
 import os
 import stat
 import subprocess
@@ -327,7 +328,7 @@ def test_a_corrupt_file_is_traced_again_and_replaced(cache):
     assert tc._load(str(d), k) is not None  # written again, whole
 
 
-@pytest.mark.parametrize("how", ["truncated", "garbage", "another key", "empty"])
+@pytest.mark.parametrize("how", ["truncated", "garbage", "another key", "empty", "deep spec"])
 def test_corrupt_files_are_misses(cache, how):
     d, calls = cache
     x = torch.randn(4, 8)
@@ -345,6 +346,12 @@ def test_corrupt_files_are_misses(cache, how):
         f.write_bytes(b"\x00garbage\n" * 10)
     elif how == "empty":
         f.write_bytes(b"")
+    elif how == "deep spec":  # a header whose output spec nests past Python's recursion limit
+        head = json.loads(data[len(tc.MAGIC):data.index(b"\n", len(tc.MAGIC))])
+        n = sys.getrecursionlimit() * 2
+        out = '["t", [' * n + '"x"' + "]]" * n
+        head = json.dumps(dict(head, out="@")).replace('"@"', out).encode()
+        f.write_bytes(tc.MAGIC + head + b"\n" + archive)
     else:
         f.rename(d / ("0" * 64 + ".trace"))
         k = "0" * 64

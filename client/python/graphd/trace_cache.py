@@ -400,7 +400,7 @@ def _load(d, k):
                 or head["sha256"] != hashlib.sha256(archive).hexdigest()):
             raise ValueError("key, size or digest differ")
         return archive, _spec_of(head["out"]), str(head["prefix"])
-    except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError, RecursionError):
         stats["corrupt"] += 1
         try:
             os.unlink(path)
