@@ -207,6 +207,32 @@ def test_what_cannot_be_keyed_is_uncacheable(what):
         key(m, x8())
 
 
+class _Sigmoid(torch.overrides.TorchFunctionMode):
+    """A mode that changes what a trace records: relu becomes sigmoid."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func is torch.relu:
+            func = torch.sigmoid
+        return func(*args, **(kwargs or {}))
+
+
+def test_an_active_torch_function_mode_is_uncacheable():
+    m, x = Net(), x8()
+    base = key(m, x)
+    with _Sigmoid():
+        with pytest.raises(tc.Uncacheable, match="torch function mode"):
+            key(m, x)
+    assert key(m, x) == base
+
+
+@pytest.mark.skipif(not hasattr(torch, "set_default_device"), reason="torch < 2.0")
+def test_the_default_device_is_in_the_key():
+    m, x = Net(), x8()
+    base = key(m, x)
+    with torch.device("meta"):  # torch.zeros(...) in a forward would be made there
+        assert key(m, x) != base
+
+
 # ---- captures ------------------------------------------------------------------------------
 
 @pytest.fixture

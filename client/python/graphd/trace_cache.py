@@ -15,7 +15,8 @@ the trace reads, and key() names all of it:
   requires_grad, and which of them (and of the args) are the same tensor;
 - the sample args: their pytree structure and each flat tensor's shape, stride, dtype, device,
   layout and requires_grad;
-- torch's state the trace reads (grad mode, default dtype, autocast) and the versions of torch
+- torch's state the trace reads (grad mode, default dtype and device, autocast; any other torch
+  function or dispatch mode active makes it uncacheable) and the versions of torch
   and of this package's tracing code (tracing.py and this file, by content).
 A callable whose key cannot be made that way is traced every time (uncacheable, with the
 reason in last_reason): a plain function, a ScriptModule, a hook, a tensor or an object of
@@ -246,6 +247,22 @@ def _autocast():
     return (torch.is_autocast_enabled(), cpu)
 
 
+def _modes():
+    """The torch function and dispatch modes a trace would run under: the default device's
+    (torch.set_default_device, torch >= 2.0) by its device; any other changes what the trace
+    records in ways graphd cannot key, so it is uncacheable."""
+    out = []
+    for mode in torch.overrides._get_current_function_mode_stack():
+        if type(mode).__name__ == "DeviceContext" and _is_torch(type(mode)):
+            out.append("default device %s" % mode.device)
+        else:
+            raise Uncacheable("a torch function mode (%s) is active"
+                              % type(mode).__qualname__)
+    if torch._C._len_torch_dispatch_stack():
+        raise Uncacheable("a torch dispatch mode is active")
+    return out
+
+
 def key(func, args, flat_args, dtypes):
     """The hex SHA-256 naming everything tracing.trace(func, args, ...) depends on; Uncacheable
     when it cannot be named (see the module docstring)."""
@@ -267,6 +284,7 @@ def key(func, args, flat_args, dtypes):
     out = ["torch " + torch.__version__, "tracing " + _sources(),
            "grad %d default %s autocast %s" % (torch.is_grad_enabled(),
                                                torch.get_default_dtype(), _autocast())]
+    out += _modes()
     for path, mod in func.named_modules(remove_duplicate=False):
         if isinstance(mod, torch.jit.ScriptModule):
             raise Uncacheable("submodule %r is a ScriptModule" % path)
