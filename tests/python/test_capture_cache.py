@@ -143,6 +143,28 @@ def test_a_global_the_code_reads_is_in_the_key(monkeypatch):
     assert key(m, *args) != base
 
 
+def _default_class(k):
+    class Scaled(nn.Module):  # the same code and qualified name for every k
+        def forward(self, x, k=k):
+            return x * k
+    return Scaled
+
+
+def _closure_class(k):
+    class Scaled(nn.Module):
+        def forward(self, x):
+            return x * k
+    return Scaled
+
+
+@pytest.mark.parametrize("make", [_default_class, _closure_class], ids=["default", "closure"])
+def test_defaults_and_closures_of_the_code_are_in_the_key(make):
+    """Two classes of the same code and name that differ only in a default of forward or in a
+    value its closure holds trace to different archives."""
+    assert key(make(2.0)(), x8()) == key(make(2.0)(), x8())
+    assert key(make(2.0)(), x8()) != key(make(3.0)(), x8())
+
+
 def test_grad_mode_and_arg_structure_are_in_the_key():
     x = x8()
     base = tc.key(Net(), (x,), (x,), DT)
