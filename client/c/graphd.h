@@ -22,7 +22,8 @@
  *   (see graphd_close).
  *
  * Settings come from the environment (GRAPHD_ADDRESS, GRAPHD_TIMEOUT_MS,
- * GRAPHD_SPIN_US, GRAPHD_TLS_CA, GRAPHD_REPLAY_ORDER, GRAPHD_COPY_PARAM_GRADS),
+ * GRAPHD_SPIN_US, GRAPHD_TLS_CA, GRAPHD_REPLAY_ORDER, GRAPHD_COPY_PARAM_GRADS, and the
+ * Python package's GRAPHD_TRACE_CACHE and GRAPHD_TRACE_CACHE_DIR),
  * all read through one table in libgraphd (settings.c) and documented in one
  * table: client/python/README.md, "Settings (environment)". graphd_connect
  * reads them anew each time; graphd_setting gives any of them.

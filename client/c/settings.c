@@ -39,6 +39,7 @@ static const char *spin_default(void)
 }
 
 static const char *const replay_orders[] = {"posted", "events", "sync", NULL};
+static const char *const trace_caches[] = {"disk", "memory", "off", NULL};
 
 static const setting_t settings[] = {
     {"GRAPHD_ADDRESS", SET_ADDRESS, GRAPHD_DEFAULT_ADDRESS, NULL, 0, 0, NULL,
@@ -70,6 +71,13 @@ static const setting_t settings[] = {
     {"GRAPHD_SLOW_CAPTURE_S", SET_UINT, "2", NULL, 0, 86400, NULL,
      "the Python package logs one line (logger \"graphd\") when make_graphed_callables has been "
      "tracing and capturing for this many seconds, and one when it ends; 0: for every capture"},
+    {"GRAPHD_TRACE_CACHE", SET_CHOICE, "disk", NULL, 0, 0, trace_caches,
+     "the Python package's traced archives reused across captures of the same module structure "
+     "and sample specs: disk (in memory and in GRAPHD_TRACE_CACHE_DIR, so a new process skips "
+     "the trace too), memory (this process only), off (trace every capture)"},
+    {"GRAPHD_TRACE_CACHE_DIR", SET_PATH, "", NULL, 0, 0, NULL,
+     "directory of the disk trace cache, which must be the user's own with mode 0700; empty: "
+     "$XDG_CACHE_HOME/graphd/traces, else ~/.cache/graphd/traces"},
 };
 
 #define NSETTINGS (sizeof(settings) / sizeof(settings[0]))

@@ -67,6 +67,9 @@ def daemon(tmp_path_factory):
                                  "--cpu-devices", "2"],
                                 stdout=out, stderr=subprocess.STDOUT)
     os.environ["GRAPHD_ADDRESS"] = address
+    traces = d / "traces"  # the disk trace cache (trace_cache.py): this run's own, never ~/.cache
+    traces.mkdir(mode=0o700)
+    os.environ["GRAPHD_TRACE_CACHE_DIR"] = str(traces)
     dm = Daemon(proc, address, log)
 
     def answers():

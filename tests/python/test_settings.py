@@ -16,7 +16,7 @@ from graphd import _lib
 REPO = Path(__file__).resolve().parents[2]
 NAMES = ["GRAPHD_ADDRESS", "GRAPHD_TIMEOUT_MS", "GRAPHD_SPIN_US", "GRAPHD_DIRECT",
          "GRAPHD_TLS_CA", "GRAPHD_REPLAY_ORDER", "GRAPHD_COPY_PARAM_GRADS", "GRAPHD_ZE_LOADER",
-         "GRAPHD_SLOW_CAPTURE_S"]
+         "GRAPHD_SLOW_CAPTURE_S", "GRAPHD_TRACE_CACHE", "GRAPHD_TRACE_CACHE_DIR"]
 
 
 @pytest.fixture
@@ -36,6 +36,8 @@ def test_names_and_defaults(clean_env):
     assert _lib.setting("GRAPHD_REPLAY_ORDER") == "posted"
     assert _lib.setting("GRAPHD_COPY_PARAM_GRADS") == "0"
     assert _lib.setting("GRAPHD_ZE_LOADER") == "libze_loader.so.1"
+    assert _lib.setting("GRAPHD_TRACE_CACHE") == "disk"
+    assert _lib.setting("GRAPHD_TRACE_CACHE_DIR") == ""
     clean_env.setenv("GRAPHD_REPLAY_ORDER", "")  # empty reads as unset
     assert _lib.setting("GRAPHD_REPLAY_ORDER") == "posted"
     with pytest.raises(graphd.NotFound) as e:
@@ -71,13 +73,15 @@ def test_values_are_read_now_and_normalized(clean_env, daemon):
      "GRAPHD_REPLAY_ORDER=fast is not valid: expected one of posted, events, sync"),
     ("GRAPHD_COPY_PARAM_GRADS", "yes",
      "GRAPHD_COPY_PARAM_GRADS=yes is not valid: expected 0 or 1"),
+    ("GRAPHD_TRACE_CACHE", "yes",
+     "GRAPHD_TRACE_CACHE=yes is not valid: expected one of disk, memory, off"),
 ])
 def test_invalid_values_give_one_error(clean_env, name, bad, message):
     clean_env.setenv(name, bad)
     with pytest.raises(graphd.InvalidArgument) as e:
         _lib.setting(name)
     assert e.value.message == message and e.value.errno == -3
-    if name != "GRAPHD_COPY_PARAM_GRADS":  # the package's alone: a client does not read it
+    if name not in ("GRAPHD_COPY_PARAM_GRADS", "GRAPHD_TRACE_CACHE"):  # the package's alone
         with pytest.raises(graphd.InvalidArgument) as e:
             graphd.Client()
         assert e.value.message == message

@@ -16,9 +16,9 @@
 #include "graphd.h"
 
 static const char *const names[] = {
-    "GRAPHD_ADDRESS",          "GRAPHD_TIMEOUT_MS", "GRAPHD_SPIN_US",
-    "GRAPHD_DIRECT",           "GRAPHD_TLS_CA",     "GRAPHD_REPLAY_ORDER",
-    "GRAPHD_COPY_PARAM_GRADS", "GRAPHD_ZE_LOADER",  "GRAPHD_SLOW_CAPTURE_S"};
+    "GRAPHD_ADDRESS",        "GRAPHD_TIMEOUT_MS",   "GRAPHD_SPIN_US",          "GRAPHD_DIRECT",
+    "GRAPHD_TLS_CA",         "GRAPHD_REPLAY_ORDER", "GRAPHD_COPY_PARAM_GRADS", "GRAPHD_ZE_LOADER",
+    "GRAPHD_SLOW_CAPTURE_S", "GRAPHD_TRACE_CACHE",  "GRAPHD_TRACE_CACHE_DIR"};
 #define NNAMES (sizeof(names) / sizeof(names[0]))
 
 static int setup(void **state)
@@ -88,6 +88,8 @@ static void defaults_when_unset_or_empty(void **state)
         assert_string_equal(value("GRAPHD_COPY_PARAM_GRADS"), "0");
         assert_string_equal(value("GRAPHD_ZE_LOADER"), "libze_loader.so.1");
         assert_string_equal(value("GRAPHD_SLOW_CAPTURE_S"), "2");
+        assert_string_equal(value("GRAPHD_TRACE_CACHE"), "disk");
+        assert_string_equal(value("GRAPHD_TRACE_CACHE_DIR"), "");
     }
     assert_string_equal(graphd_last_error(NULL), "");
 }

@@ -64,7 +64,9 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from . import _lib, recovery, slow as _slow
 from .client import PoolHandle, default_client, graph_pool_handle, normalize_device
 from .errors import PerformanceWarning, make_error
-from .tracing import callable_name, trace as _trace
+from . import trace_cache
+from .trace_cache import trace as _trace  # tracing.trace, reused across the same keys
+from .tracing import callable_name
 
 _DTYPES = {
     torch.float32: _lib.DTYPE_FLOAT32, torch.float64: _lib.DTYPE_FLOAT64,
@@ -828,11 +830,13 @@ def make_graphed_callables(callables, sample_args, num_warmup_iters=3, allow_unu
     module_ids = []
     copy_param_grads = _lib.setting("GRAPHD_COPY_PARAM_GRADS") == "1"  # README, "Settings"
     slow = _slow.watch([callable_name(f) for f in callables])  # a log line if it takes long
-    graphs = None
+    failed = True
     try:
         for func, args, flat in zip(callables, sample_args, flatten_sample_args):
             archive, out_spec, prefix, free = _trace(func, tuple(args), flat, _DTYPES)
-            module_ids.append(client.register_module(archive, callable_name(func)))
+            # The id of a module this client still holds from a capture of the same archive, or
+            # a new one (trace_cache.register).
+            module_ids.append(trace_cache.register(client, archive, callable_name(func)))
             traced.append((out_spec, prefix, free))
         graphs = client.capture([(mid, None, a) for mid, a in zip(module_ids, arg_specs)],
                                 num_warmup_iters=num_warmup_iters,
@@ -843,13 +847,12 @@ def make_graphed_callables(callables, sample_args, num_warmup_iters=3, allow_unu
             graph.device = cuda_dev  # where a device-resident graph's static tensors are
         if cuda_dev is not None:
             _warn_without_mps(client, cuda_dev)
+        failed = False
     finally:
-        slow.done(graphs is not None)
-        for mid in module_ids:  # the graphs own a copy: the modules are not needed any more
-            try:
-                client.release_module(mid)
-            except Exception:
-                pass
+        slow.done(not failed)
+        # The graphs own a copy: the modules are not needed any more, but for those the client
+        # holds for a later capture of the same archive.
+        trace_cache.release(client, module_ids, failed)
 
     # Upstream's warm-up updates the module's buffers; the daemon's updated its own copy (with
     # sample values of its own), so do here what upstream's warm-up does to them.
