@@ -62,6 +62,7 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from . import _lib, recovery
+from . import ddp as _ddp
 from .client import PoolHandle, default_client, graph_pool_handle, normalize_device
 from .errors import PerformanceWarning, make_error
 from .tracing import callable_name, trace as _trace
@@ -794,6 +795,7 @@ def make_graphed_callables(callables, sample_args, num_warmup_iters=3, allow_unu
         just_one_callable = True
         callables = (callables,)
         sample_args = (sample_args,)
+    callables, ddp_wrappers = _ddp.unwrap(callables)  # a DDP wrapper: its module (ddp.py)
     assert len(sample_args) == len(callables), (
         "make_graphed_callables: %d callables but %d sample_args tuples" %
         (len(callables), len(sample_args)))
@@ -880,6 +882,7 @@ def make_graphed_callables(callables, sample_args, num_warmup_iters=3, allow_unu
         else:
             ret.append(graphed)
 
+    ret = _ddp.rewrap(ret, ddp_wrappers)
     if just_one_callable:
         return ret[0]
     return tuple(ret)
