@@ -39,6 +39,9 @@ SCENARIOS = {
     "bucket_view": (False, False, 2, False, True),
     # DDP first, then make_graphed_callables(ddp): graphd warns and graphs ddp.module
     "graph_the_wrapper": (False, False, 1, False, False),
+    # a never-called parameter without find_unused_parameters: eager DDP raises at the second
+    # step; recorded as {"error": message, "step": k}, to be the same for graphd
+    "unused_no_find": (False, False, 1, True, False),
 }
 
 D_IN, D_HIDDEN, D_OUT, BATCH = 8, 16, 4, 16
@@ -88,6 +91,16 @@ def train(mode, scenario, a, rank, device, on_forward=None):
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
     loss_fn = nn.MSELoss()
     losses = []
+    if scenario == "unused_no_find":
+        try:
+            for step in range(a.steps):
+                opt.zero_grad()
+                x, y = batch(rank, step, 0, device)
+                loss_fn(ddp(x), y).backward()
+                opt.step()
+        except RuntimeError as e:
+            return {"error": str(e), "step": step}
+        return {"error": None, "step": a.steps}
     for step in range(a.steps):
         opt.zero_grad()
         total = 0.0

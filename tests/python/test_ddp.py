@@ -24,7 +24,7 @@ from conftest import BUILD, REPO, wait_for
 HERE = Path(__file__).resolve().parent
 WORKER = HERE / "ddp_worker.py"
 ALL = ("plain,no_sync,find_unused,find_unused_all_used,static_graph,no_sync_find_unused,"
-       "bucket_view,graph_the_wrapper")
+       "bucket_view,graph_the_wrapper,unused_no_find")
 RTOL = 1e-5
 
 
@@ -94,6 +94,9 @@ def rel(a, b):
 
 def check_parity(results, scenarios):
     for sc in scenarios.split(","):
+        if sc == "unused_no_find":
+            check_unused_no_find(results)
+            continue
         for rank, res in enumerate(results):
             eager, gd = res[sc]["eager"], res[sc]["graphd"]
             assert len(gd["losses"]) == len(eager["losses"]) == 30
@@ -116,6 +119,21 @@ def check_parity(results, scenarios):
     if "find_unused" in scenarios.split(","):
         assert results[0]["find_unused"]["graphd"]["grad_none"] == ["spare.bias",
                                                                    "spare.weight"]
+
+
+def check_unused_no_find(results):
+    """A parameter the graph never uses, under find_unused_parameters=False: over the eager module
+    DDP raises at the second step (the parameter's reduction never came); over the graphed one
+    it must too, not all-reduce a zero gradient for it as it would if the parameter were an input
+    of the graphed autograd Function (upstream's make_graphed_callables does that)."""
+    for rank, res in enumerate(results):
+        eager, gd = res["unused_no_find"]["eager"], res["unused_no_find"]["graphd"]
+        assert eager["error"] and "finished reduction" in eager["error"], eager
+        assert gd["error"] is not None, (
+            "rank %d: graphd trained %d steps where eager DDP raised: %s" % (
+                rank, gd["step"], eager["error"]))
+        assert gd["step"] == eager["step"] == 1, (gd, eager)
+        assert "finished reduction" in gd["error"], gd
 
 
 def pool_empty(address, name):
@@ -183,7 +201,7 @@ def test_ddp_two_ranks_one_daemon_shared_pool(daemon, tmp_path):
 
 
 def test_ddp_two_ranks_two_daemons(daemon, second_daemon, tmp_path):
-    scenarios = "plain,no_sync,find_unused,static_graph"
+    scenarios = "plain,no_sync,find_unused,static_graph,unused_no_find"
     results, _ = run_ranks(tmp_path, [daemon.address, second_daemon.address], scenarios)
     check_parity(results, scenarios)
     with graphd.Client(second_daemon.address) as c:  # rank 1 did replay there

@@ -15,11 +15,12 @@ process group, so that is the only way here: graph first, then wrap. Nothing els
   the graph's next backward overwrites it).
 - Buffers are the static BUFFER tensors: DDP's buffer broadcast before each forward writes the
   values the next replay reads.
-- A parameter the graph does not use (allow_unused_input=True) gets no gradient: with
-  find_unused_parameters=True or static_graph=True, DDP leaves its .grad None, as over the eager
-  module. With find_unused_parameters=False it is an input of the graphed autograd Function, as
-  it is of upstream's, so DDP all-reduces a zero gradient for it where over the eager module it
-  raises: use find_unused_parameters=True for such modules.
+- A parameter the graph does not use (allow_unused_input=True) is not an input of the graphed
+  autograd Function (graphs._Runner.grad_params), so it is no more part of the autograd graph
+  than in eager: with find_unused_parameters=True or static_graph=True DDP finds it unused and
+  leaves its .grad None; with find_unused_parameters=False DDP raises at the next step, as over
+  the eager module. (Upstream's graphed Function takes every parameter: DDP over it all-reduces
+  a zero gradient for such a parameter instead.)
 
 The CUDA graphs doc's "11 DDP-enabled warm-up iterations" is for capturing the whole backward,
 all-reduce included, with torch.cuda.graph: DDP's reducer must have settled first. graphd never
