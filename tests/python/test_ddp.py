@@ -239,6 +239,17 @@ def test_ddp_rank_killed_midrun(daemon, tmp_path):
     assert wait_for(nothing_left, 10), graphd.default_client().status()
 
 
+def test_ddp_cuda_device_resident(daemon, tmp_path):
+    """The same on cuda:0 (GPU machine only): 2 ranks, gloo over CUDA tensors, each rank a
+    device-resident session on the test daemon's cuda:0. bench/ddp_gpu.py prints the numbers."""
+    if not torch.cuda.is_available() or not any(
+            d["id"] == "cuda:0" for d in graphd.default_client().devices()):
+        pytest.skip("no CUDA here, or the daemon has no cuda:0 device")
+    scenarios = "plain,no_sync,find_unused,static_graph,unused_no_find"
+    results, _ = run_ranks(tmp_path, [daemon.address] * 2, scenarios, "--device", "cuda:0")
+    check_parity(results, scenarios)
+
+
 def _fake_ddp(module):
     """A DistributedDataParallel object without a process group (none in this process): enough
     for make_graphed_callables' isinstance check."""
