@@ -42,22 +42,26 @@ SCENARIOS = {
     # a never-called parameter without find_unused_parameters: eager DDP raises at the second
     # step; recorded as {"error": message, "step": k}, to be the same for graphd
     "unused_no_find": (False, False, 1, True, False),
+    # BatchNorm: DDP broadcasts rank 0's buffers before each forward, into graphd's static ones
+    "buffers": (False, False, 1, False, False),
 }
+WITH_BATCHNORM = {"buffers"}
 
 D_IN, D_HIDDEN, D_OUT, BATCH = 8, 16, 4, 16
 
 
 class MLP(nn.Module):
-    def __init__(self, unused):
+    def __init__(self, unused, batchnorm=False):
         super().__init__()
         self.l1 = nn.Linear(D_IN, D_HIDDEN)
+        self.bn = nn.BatchNorm1d(D_HIDDEN) if batchnorm else nn.Identity()
         self.l2 = nn.Linear(D_HIDDEN, D_HIDDEN)
         self.l3 = nn.Linear(D_HIDDEN, D_OUT)
         # never called: its gradient is None (eager) or absent (graphd)
         self.spare = nn.Linear(D_HIDDEN, D_OUT) if unused else None
 
     def forward(self, x):
-        return self.l3(torch.tanh(self.l2(torch.tanh(self.l1(x)))))
+        return self.l3(torch.tanh(self.l2(torch.tanh(self.bn(self.l1(x))))))
 
 
 def batch(rank, step, micro, device):
@@ -71,7 +75,7 @@ def batch(rank, step, micro, device):
 def train(mode, scenario, a, rank, device, on_forward=None):
     find_unused, static_graph, micro, unused, bucket_view = SCENARIOS[scenario]
     torch.manual_seed(1234 + rank)  # different on each rank: DDP's broadcast makes them equal
-    model = MLP(unused).to(device)
+    model = MLP(unused, scenario in WITH_BATCHNORM).to(device)
     ddp_kw = dict(find_unused_parameters=find_unused, static_graph=static_graph,
                   gradient_as_bucket_view=bucket_view)
     sample = torch.randn(BATCH, D_IN, device=device)
@@ -80,6 +84,11 @@ def train(mode, scenario, a, rank, device, on_forward=None):
     # as upstream: a parameter the graph does not use needs allow_unused_input=True
     graph_kw["allow_unused_input"] = unused
     if mode == "eager":
+        # what make_graphed_callables' warm-up (num_warmup_iters=3) does to the buffers, as
+        # upstream's: three forwards on the sample args
+        with torch.random.fork_rng(devices=[]):
+            for _ in range(3 if scenario in WITH_BATCHNORM else 0):
+                model(sample)
         ddp = DDP(model, **ddp_kw)
     elif scenario == "graph_the_wrapper":  # graphd warns, graphs ddp.module, returns the DDP
         ddp = graphd.make_graphed_callables(DDP(model, **ddp_kw), (sample,), **graph_kw)
@@ -120,8 +129,9 @@ def train(mode, scenario, a, rank, device, on_forward=None):
         losses.append(total)
         print("step %s %s %d" % (scenario, mode, step), flush=True)
     params = {n: p.detach().cpu().clone() for n, p in ddp.module.named_parameters()}
+    buffers = {n: b.detach().cpu().clone() for n, b in ddp.module.named_buffers()}
     grad_none = sorted(n for n, p in ddp.module.named_parameters() if p.grad is None)
-    return {"losses": losses, "params": params, "grad_none": grad_none}
+    return {"losses": losses, "params": params, "buffers": buffers, "grad_none": grad_none}
 
 
 def main():

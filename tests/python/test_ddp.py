@@ -24,7 +24,7 @@ from conftest import BUILD, REPO, wait_for
 HERE = Path(__file__).resolve().parent
 WORKER = HERE / "ddp_worker.py"
 ALL = ("plain,no_sync,find_unused,find_unused_all_used,static_graph,no_sync_find_unused,"
-       "bucket_view,graph_the_wrapper,unused_no_find")
+       "bucket_view,graph_the_wrapper,unused_no_find,buffers")
 RTOL = 1e-5
 
 
@@ -107,6 +107,10 @@ def check_parity(results, scenarios):
             for name, pe in eager["params"].items():
                 assert rel(gd["params"][name], pe) <= RTOL, "%s rank %d: parameter %s" % (
                     sc, rank, name)
+            assert sorted(gd["buffers"]) == sorted(eager["buffers"])
+            for name, be in eager["buffers"].items():  # BatchNorm's, broadcast by DDP
+                assert rel(gd["buffers"][name].double(), be.double()) <= RTOL, (
+                    "%s rank %d: buffer %s" % (sc, rank, name))
             # an unused parameter's .grad stays None under find_unused/static_graph, as eager
             assert gd["grad_none"] == eager["grad_none"], sc
         # DDP keeps the replicas identical: the same all-reduced gradients, the same steps
@@ -116,6 +120,8 @@ def check_parity(results, scenarios):
         # different data per rank: the ranks' losses differ
         assert results[0][sc]["graphd"]["losses"] != results[1][sc]["graphd"]["losses"]
     # the scenarios with a never-called parameter did see it unused
+    if "buffers" in scenarios.split(","):  # the BatchNorm scenario did have buffers
+        assert "bn.running_mean" in results[0]["buffers"]["graphd"]["buffers"]
     if "find_unused" in scenarios.split(","):
         assert results[0]["find_unused"]["graphd"]["grad_none"] == ["spare.bias",
                                                                    "spare.weight"]
@@ -201,7 +207,7 @@ def test_ddp_two_ranks_one_daemon_shared_pool(daemon, tmp_path):
 
 
 def test_ddp_two_ranks_two_daemons(daemon, second_daemon, tmp_path):
-    scenarios = "plain,no_sync,find_unused,static_graph,unused_no_find"
+    scenarios = "plain,no_sync,find_unused,static_graph,unused_no_find,buffers"
     results, _ = run_ranks(tmp_path, [daemon.address, second_daemon.address], scenarios)
     check_parity(results, scenarios)
     with graphd.Client(second_daemon.address) as c:  # rank 1 did replay there
