@@ -6,9 +6,10 @@ Runs tests/python/ddp_worker.py as 2 ranks (RANK, WORLD_SIZE, MASTER_ADDR, MASTE
 torchrun sets them) with --device cuda:0: every scenario trains the worker's MLP for --steps
 steps under DDP, eagerly and graphed (graph first, then wrap; the static tensors are the daemon's
 device memory, mapped with CUDA IPC), each rank with its own data. Prints, per scenario and rank,
-the largest relative difference of the losses and of the final parameters from the eager run,
-and whether the two ranks' graphed parameters are identical; "parity ok" when every difference
-is within --rtol (default 1e-5, the CPU tests' bound) and the replicas agree. Exit status 0 then.
+the largest relative difference of the losses and of the final parameters and buffers (the
+BatchNorm scenario's running stats) from the eager run, and whether the two ranks' graphed
+parameters are identical; "parity ok" when every difference is within --rtol (default 1e-5, the
+CPU tests' bound) and the replicas agree. Exit status 0 then.
 
 The script starts its own daemon (build/graphd, --config /dev/null, on a socket in a temporary
 directory), unless --address (or $GRAPHD_ADDRESS) names a running one.
@@ -29,7 +30,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 WORKER = REPO / "tests" / "python" / "ddp_worker.py"
-SCENARIOS = "plain,no_sync,find_unused,static_graph,bucket_view"
+SCENARIOS = "plain,no_sync,find_unused,static_graph,bucket_view,buffers"
 
 
 def free_port():
@@ -109,7 +110,7 @@ def main():
 
     print("torch %s, device %s, 2 ranks (gloo), %d steps" % (torch.__version__, args.device,
                                                               args.steps))
-    print("%-22s %4s  %12s  %12s  %s" % ("scenario", "rank", "loss rel", "param rel",
+    print("%-22s %4s  %12s  %12s  %s" % ("scenario", "rank", "loss rel", "param/buf rel",
                                          "replicas identical"))
     ok = True
     for sc in args.scenarios.split(","):
@@ -119,7 +120,9 @@ def main():
         for rank in range(2):
             e, g = res[rank][sc]["eager"], res[rank][sc]["graphd"]
             lr = rel(torch.tensor(g["losses"]), torch.tensor(e["losses"]))
-            pr = max(rel(g["params"][n], e["params"][n]) for n in e["params"])
+            pr = max([rel(g["params"][n], e["params"][n]) for n in e["params"]]
+                     + [rel(g["buffers"][n].double(), e["buffers"][n].double())
+                        for n in e.get("buffers", ())])
             ok &= lr <= args.rtol and pr <= args.rtol and g["grad_none"] == e["grad_none"]
             print("%-22s %4d  %12.3e  %12.3e  %s" % (sc, rank, lr, pr, "yes" if same else "NO"))
     print("parity %s (rtol %g)" % ("ok" if ok else "FAILED", args.rtol))
