@@ -299,6 +299,21 @@ def _torchrun_workaround():
     return [] if Std.from_str("0") is not None else ["--redirects", "1", "--tee", "1"]
 
 
+def run_launcher(cmd, env, timeout):
+    """subprocess.run for torchrun, in a process group of its own: a launcher that outlives
+    timeout is killed with its ranks (subprocess.run's timeout kills only the launcher, leaving
+    its ranks running)."""
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                         start_new_session=True)
+    try:
+        o, e = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        o, e = p.communicate()
+        raise AssertionError("torchrun did not finish within %d s:\n%s\n%s" % (timeout, o, e))
+    return subprocess.CompletedProcess(cmd, p.returncode, o, e)
+
+
 def test_torchrun_runs_the_example(daemon, tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1", GRAPHD_ADDRESS=daemon.address)
     for attempt in range(3):
@@ -308,7 +323,7 @@ def test_torchrun_runs_the_example(daemon, tmp_path):
                 str(tmp_path / ("logs%d" % attempt))] + _torchrun_workaround()
                + [str(REPO / "client/python/examples/train_mlp.py"), "--steps", "30",
                   "--every", "10"])
-        out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=240)
+        out = run_launcher(cmd, env, 240)
         text = out.stdout + out.stderr
         if "address already in use" not in text.lower():
             break
