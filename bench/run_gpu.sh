@@ -13,8 +13,9 @@
 # MPS=1 (run everything under NVIDIA MPS: starts nvidia-cuda-mps-control for the run, stops it
 # at the end).
 # Steps (default: all, in this order): build tests train replay capture share; also profile
-# (bench/step_profile.py), probe (bench/ordering_probe.py) and targets (bench/targets18.py:
-# issue 18's four targets as ratios, about 6 minutes). Each runs under a time limit
+# (bench/step_profile.py), probe (bench/ordering_probe.py), ddp (bench/ddp_gpu.py: issue 17's
+# DDP parity on one GPU) and targets (bench/targets18.py: issue 18's four targets as ratios,
+# about 6 minutes). Each runs under a time limit
 # (timeout(1)); a step that fails does not stop the later ones, except the build.
 set -u
 out=${1:?usage: bench/run_gpu.sh OUTDIR [STEP...]}
@@ -120,6 +121,11 @@ for step in $steps; do
         ) ;;
     probe) # ordering between two processes: IPC events, stream memory operations
         run probe 120 "$PY" bench/ordering_probe.py --iters 3000 ;;
+    ddp) # issue 17: DDP parity, 2 ranks (gloo) in device-resident sessions on cuda:0
+        (
+            unset GRAPHD_ADDRESS # the script starts a daemon of its own
+            run ddp 300 "$PY" bench/ddp_gpu.py --device cuda:0
+        ) ;;
     *) echo "unknown step $step" >&2; exit 2 ;;
     esac
 done

@@ -1,8 +1,9 @@
 """The deployment files as shipped. The systemd unit verifies, and systemd's own offline security
 analysis scores it at most 2.0 (issue 16). The Kubernetes manifests parse and fit together (issue
-17). Skips with a message where systemd-analyze is absent. The unit is
-checked as `make install` writes it (@SBINDIR@ replaced), with ExecStart pointing at this build's
-daemon so that verify can check the binary exists."""
+17). The Slurm TaskProlog gives jobs the unit's socket, and the Epilog reports a job's sessions
+left on the node's daemon (issue 17). Skips with a message where systemd-analyze is absent. The
+unit is checked as `make install` writes it (@SBINDIR@ replaced), with ExecStart pointing at this
+build's daemon so that verify can check the binary exists."""
 import os
 import re
 import shutil
@@ -184,3 +185,38 @@ def test_image_installs_where_the_manifests_look():
     ds = one(manifests("graphd.yaml"), "DaemonSet")
     (c,) = ds["spec"]["template"]["spec"]["containers"]
     assert c["readinessProbe"]["exec"]["command"][0] == "/usr/bin/graphctl"
+
+
+SLURM = os.path.join(ROOT, "deploy", "slurm")
+
+
+def test_slurm_taskprolog_exports_the_units_socket():
+    out = subprocess.run([os.path.join(SLURM, "graphd-taskprolog.sh")], capture_output=True,
+                         text=True, check=True, env={"PATH": "/usr/bin:/bin"}).stdout
+    (line,) = out.splitlines()  # slurmstepd takes "export NAME=value" lines into the task's env
+    m = re.fullmatch(r"export GRAPHD_ADDRESS=(\S+)", line)
+    conf = open(os.path.join(ROOT, "deploy", "systemd", "graphd.conf")).read()
+    assert m and m.group(1) == conf_value(conf, "listen"), out
+
+
+def epilog(job_uid, address):
+    env = dict(os.environ, PATH=BUILD + os.pathsep + os.environ["PATH"], GRAPHD_ADDRESS=address,
+               SLURM_JOB_UID=str(job_uid), SLURM_JOB_ID="77")
+    return subprocess.run([os.path.join(SLURM, "graphd-epilog.sh")], capture_output=True,
+                          text=True, env=env, timeout=30)
+
+
+def test_slurm_epilog_reports_a_jobs_leftover_sessions(daemon, tmp_path):
+    import graphd
+    with graphd.Client(daemon.address):  # a session of this uid, as a process outliving its job
+        r = epilog(os.getuid(), daemon.address)
+    assert r.returncode == 0 and r.stdout == "", r
+    assert re.search(r"job 77 on .*: uid %d still has [1-9]\d* graphd session" % os.getuid(),
+                     r.stderr), r.stderr
+    # a uid with no session on the daemon: nothing to say
+    unused = max(int(s["uid"]) for s in graphd.default_client().status()["sessions"]) + 4242
+    r = epilog(unused, daemon.address)
+    assert (r.returncode, r.stdout, r.stderr) == (0, "", ""), r
+    # a daemon that does not answer is reported, and the node is not drained (exit 0)
+    r = epilog(unused, "unix:%s" % (tmp_path / "none.sock"))
+    assert r.returncode == 0 and "graphctl status failed" in r.stderr, r

@@ -6,6 +6,13 @@ runs through graphd: one line differs from the upstream version.
 
 Prints the loss every few steps, then `graphctl status` (build/graphctl from the source tree, or
 graphctl on PATH) to show the daemon's view: the pool, this session and its graph.
+
+Under torchrun (WORLD_SIZE > 1 in the environment) the same script trains data-parallel: each
+rank joins a gloo process group, takes its own shard of the data, graphs the model through its
+own graphd session and wraps the graphed model in DistributedDataParallel (graph first, then
+wrap); rank 0 prints the loss and the status, which then shows every rank's session:
+
+    torchrun --nproc-per-node 2 train_mlp.py     (or python3 -m torch.distributed.run ...)
 """
 import argparse
 import os
@@ -38,6 +45,13 @@ def main():
     x = torch.randn(n, d_in)
     w_true = torch.randn(d_in, d_out)
     y = torch.tanh(x @ w_true) + 0.05 * torch.randn(n, d_out)
+    world = int(os.environ.get("WORLD_SIZE", "1"))  # set by torchrun
+    rank = 0
+    if world > 1:
+        import torch.distributed as dist
+        dist.init_process_group("gloo")  # RANK, MASTER_ADDR, MASTER_PORT: torchrun's
+        rank = dist.get_rank()
+        x, y = x[rank::world], y[rank::world]  # this rank's shard
 
     model = nn.Sequential(nn.Linear(d_in, d_hidden), nn.GELU(), nn.Linear(d_hidden, d_hidden),
                           nn.GELU(), nn.Linear(d_hidden, d_out))
@@ -46,6 +60,8 @@ def main():
 
     # model = torch.cuda.make_graphed_callables(model, (x,))
     model = graphd.make_graphed_callables(model, (x,))
+    if world > 1:  # after graphing: DDP's all-reduce runs outside the graph
+        model = nn.parallel.DistributedDataParallel(model)
 
     first = last = None
     for step in range(args.steps):
@@ -55,11 +71,24 @@ def main():
         opt.step()
         last = loss.item()
         first = last if first is None else first
-        if step % args.every == 0 or step == args.steps - 1:
+        if rank == 0 and (step % args.every == 0 or step == args.steps - 1):
             print("step %4d  loss %.6f" % (step, last), flush=True)
-    print("loss %.6f -> %.6f (%s)" % (first, last, "down" if last < first else "NOT down"),
-          flush=True)
+    if world > 1:
+        print("rank %d/%d, graphd session %d: loss %.6f -> %.6f (%s)" % (
+            rank, world, graphd.default_client().session_id, first, last,
+            "down" if last < first else "NOT down"), flush=True)
+        dist.barrier()  # every rank has trained: rank 0's status shows all the sessions
+    if rank == 0:
+        print("loss %.6f -> %.6f (%s)" % (first, last, "down" if last < first else "NOT down"),
+              flush=True)
+        show_status()
+    if world > 1:
+        dist.barrier()  # the other ranks' sessions stay until the status is printed
+        dist.destroy_process_group()
+    return 0 if last < first else 1
 
+
+def show_status():
     exe = graphctl()
     if exe:
         print("\n$ graphctl status", flush=True)
@@ -69,7 +98,6 @@ def main():
     else:
         print("\n(graphctl not found; the daemon's status as JSON:)")
         print(graphd.default_client().status())
-    return 0 if last < first else 1
 
 
 if __name__ == "__main__":

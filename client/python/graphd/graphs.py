@@ -35,6 +35,9 @@ Where graphd differs, and why:
   in ways the graph cannot see.
 - Outputs that do not require grad are marked non-differentiable, so they come back with
   requires_grad=False as they would from the eager callable.
+- A parameter the graph computes no gradient for (allow_unused_input=True) is not an input of
+  the autograd Function, as it is no part of eager's autograd graph, so DistributedDataParallel
+  treats it as over the eager module (ddp.py); upstream's Function takes every parameter.
 - Device-resident: when the callables' parameters and sample args are on a CUDA device, the
   static tensors are device memory the daemon allocates on that device and exports with CUDA IPC;
   the views here are CUDA tensors over the same memory (zero copy), so the optimizer updates the
@@ -62,6 +65,7 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from . import _lib, recovery, slow as _slow
+from . import ddp as _ddp
 from .client import PoolHandle, default_client, graph_pool_handle, normalize_device
 from .errors import PerformanceWarning, make_error
 from . import trace_cache
@@ -274,6 +278,13 @@ class _Runner:
         self.static = static
         self.n_args = n_args
         self.module_params = tuple(module_params)
+        # The parameters the graph computes a gradient for (PARAM indices) are the autograd
+        # Function's inputs; one it does not use (allow_unused_input=True) is left out, so that it
+        # is no more part of the autograd graph than in eager: DistributedDataParallel then finds
+        # it unused, or raises without find_unused_parameters, as over the eager module (ddp.py).
+        self.grad_params = tuple(k for k in range(len(self.module_params))
+                                 if (_lib.ROLE_PARAM_GRAD, k) not in static.absent)
+        self.autograd_params = tuple(self.module_params[k] for k in self.grad_params)
         self.module_buffers = tuple(module_buffers)
         # The user's sample args that live in this graph's static inputs (weakly), rebound after
         # a daemon restart with the parameters and buffers (recovered()).
@@ -440,7 +451,7 @@ class _Runner:
         if len(flat) != self.n_args:
             raise TypeError("graphd: the graphed callable was captured with %d tensor args, "
                             "got %d" % (self.n_args, len(flat)))
-        out = _Graphed.apply(self, *(tuple(flat) + self.module_params))
+        out = _Graphed.apply(self, *(tuple(flat) + self.autograd_params))
         return tree_unflatten(list(out), self.out_spec)
 
 
@@ -502,7 +513,7 @@ class _Graphed(torch.autograd.Function):
                                        "captured with %s" % (k, tuple(x.shape),
                                                              tuple(static.shape)))
                 static.copy_(x)
-        for static, p in zip(s.params, inputs[runner.n_args:]):
+        for static, p in zip(s.params, runner.module_params):
             if static.data_ptr() != p.data_ptr():  # shared with another graphed callable
                 if (p.dtype, p.device, p.shape) != (static.dtype, static.device, static.shape):
                     _converted("parameter", p, static)
@@ -552,9 +563,9 @@ class _Graphed(torch.autograd.Function):
             if (_lib.ROLE_GRAD_INPUT, k) in s.absent:
                 g = None
             result.append(g.clone() if g is not None and need[1 + k] else None)
-        for k in range(len(params)):
+        for j, k in enumerate(runner.grad_params):  # the Function's parameter inputs
             g = s.param_grads.get(k)
-            if (_lib.ROLE_PARAM_GRAD, k) in s.absent or not need[1 + runner.n_args + k]:
+            if (_lib.ROLE_PARAM_GRAD, k) in s.absent or not need[1 + runner.n_args + j]:
                 g = None
             if g is not None:  # AccumulateGrad takes the view as param.grad: no copy
                 runner.handed_out.append((params[k], g))
@@ -800,6 +811,7 @@ def make_graphed_callables(callables, sample_args, num_warmup_iters=3, allow_unu
         just_one_callable = True
         callables = (callables,)
         sample_args = (sample_args,)
+    callables, ddp_wrappers = _ddp.unwrap(callables)  # a DDP wrapper: its module (ddp.py)
     assert len(sample_args) == len(callables), (
         "make_graphed_callables: %d callables but %d sample_args tuples" %
         (len(callables), len(sample_args)))
@@ -890,6 +902,7 @@ def make_graphed_callables(callables, sample_args, num_warmup_iters=3, allow_unu
         else:
             ret.append(graphed)
 
+    ret = _ddp.rewrap(ret, ddp_wrappers)
     if just_one_callable:
         return ret[0]
     return tuple(ret)
