@@ -58,6 +58,7 @@ typedef struct gd_family {
     bool resident;         /* device_resident captures (static tensors in device memory) */
     gd_devmem_t memory;    /* who allocates AllocRegion's device memory */
     bool ordering;         /* EVENTS / SEQ frames, ordered and posted replays */
+    bool ze_events;        /* EVENTS: a Level Zero IPC event pool the daemon makes (xpu_events.c) */
     bool mps_check;        /* warn at start when no MPS server serves the daemon's contexts */
 } gd_family_t;
 /* The row of a kind ("cuda") or device ("cuda:0"); NULL for a family the daemon does not know. */
@@ -67,6 +68,11 @@ const gd_family_t *gd_family_of_wire(unsigned wire);
 /* A frame's GRAPHD_DEVICE_CODE as "kind:index" into buf; *fam gets the family's row. false (buf
  * holds a description for the error message) for a code of no known family or above one byte. */
 bool gd_device_code_name(uint64_t code, char *buf, size_t len, const gd_family_t **fam);
+/* The MAP reply's message for device region r that names its device (GRAPHD_MAP_NAME_DEVICE):
+ * msg holds the handle's PM_IPC_HANDLE_SIZE bytes; its pool's device's code is written after
+ * them, and GRAPHD_MAP_DEVICE_PAYLOAD returned (the handle's size alone for a device of no
+ * family, which the client then refuses as before). */
+size_t gd_map_device_payload(const pm_region_t *r, uint8_t *msg);
 
 typedef struct gd_conn gd_conn_t;
 typedef struct gd_wire gd_wire_t;
@@ -75,6 +81,7 @@ typedef struct gd_module gd_module_t;
 typedef struct gd_gpool gd_gpool_t;
 typedef struct gd_order gd_order_t;
 typedef struct gd_link gd_link_t;
+typedef struct gd_xpu_events gd_xpu_events_t;
 
 typedef struct gd_session {
     uint64_t id;
@@ -92,8 +99,9 @@ typedef struct gd_session {
     uint32_t capturing; /* graphs of captures in flight, counted against max_graphs_per_session */
     uint64_t capturing_since_unix_ms; /* when capturing last went from 0 up; 0 while it is 0 */
     uint64_t replays;
-    gd_order_t *orders; /* per CUDA device, events and sequence counters (events.c) */
-    gd_link_t *links;   /* replay connections, one per executor it replays in (direct.c) */
+    gd_order_t *orders;          /* per CUDA device, events and sequence counters (events.c) */
+    gd_link_t *links;            /* replay connections, one per executor it replays in (direct.c) */
+    gd_xpu_events_t *xpu_events; /* per xpu device, its Level Zero IPC event pool (xpu_events.c) */
     struct gd_session *next;
 } gd_session_t;
 
@@ -274,6 +282,20 @@ void gd_xpu_free(gd_daemon_t *d, const char *device, void *ptr, int fd);
 /* The gRPC status for a layer error: RESOURCE_EXHAUSTED for GR_ENOMEM, UNAVAILABLE for GR_ELOST,
  * FAILED_PRECONDITION for GR_EUNSUPPORTED, else gr_err_grpc's. */
 int gd_xpu_grpc(int rc);
+
+/* xpu_events.c: a session's ordering events on an xpu device, one Level Zero IPC event pool per
+ * session and device, host-signalled at the session's end. */
+#define GD_XPU_EVENTS_DEFAULT 64 /* events in a pool when the EVENTS frame's arg is 0 */
+/* An EVENTS frame for device ("xpu:0", a family with ze_events; f->arg: the number of events, 0
+ * for GD_XPU_EVENTS_DEFAULT): the pool is made off the loop and the reply (handle and fd, or an
+ * error) goes out on wire. */
+void gd_xpu_events_frame(gd_daemon_t *d, gd_session_t *s, gd_wire_t *wire, const graphd_frame_t *f,
+                         const char *device);
+/* The session's pool on device, or NULL. */
+gd_xpu_events_t *gd_xpu_events_find(const gd_session_t *s, const char *device);
+/* The session ended: every event of its pools is host-signalled, then the pools are destroyed,
+ * off the loop. */
+void gd_xpu_events_session_ended(gd_daemon_t *d, gd_session_t *s);
 
 /* devices.c: devices[0..cpu_devices-1] are cpu:0..cpu:N-1, then come the accelerators. */
 void gd_devices_discover(gd_daemon_t *d);

@@ -179,6 +179,10 @@ void gd_order_frame(gd_daemon_t *d, gd_session_t *s, gd_wire_t *wire, const grap
         send_reply(wire, kind, f->seq, f->id, GD_NOT_FOUND, msg, NULL);
         return;
     }
+    if (kind == GD_ORDER_EVENTS && fam->ze_events) { /* xpu: the daemon's IPC event pool */
+        gd_xpu_events_frame(d, s, wire, f, device);
+        return;
+    }
     if (!fam->ordering) {
         snprintf(msg, sizeof msg,
                  "%s has no %s in this graphd: ordered and posted replays are for cuda devices",

@@ -5,7 +5,9 @@
  */
 #include "daemon.h"
 
+#include <endian.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 static const gd_family_t families[] = {
@@ -33,6 +35,7 @@ static const gd_family_t families[] = {
      .resident = false,
      .memory = GD_DEVMEM_ZE,
      .ordering = false,
+     .ze_events = true,
      .mps_check = false},
 };
 
@@ -67,4 +70,20 @@ bool gd_device_code_name(uint64_t code, char *buf, size_t len, const gd_family_t
     }
     snprintf(buf, len, "%s:%u", f->kind, GRAPHD_DEVICE_CODE_INDEX(code));
     return true;
+}
+
+size_t gd_map_device_payload(const pm_region_t *r, uint8_t *msg)
+{
+    pm_pool_info_t info;
+    pm_pool_info(pm_region_pool(r), &info);
+    const gd_family_t *f = gd_family_of(info.device);
+    const char *colon = info.device ? strchr(info.device, ':') : NULL;
+    if (f == NULL || colon == NULL)
+        return PM_IPC_HANDLE_SIZE;
+    unsigned long index = strtoul(colon + 1, NULL, 10);
+    if (index > GRAPHD_DEVICE_INDEX_MAX)
+        return PM_IPC_HANDLE_SIZE;
+    uint64_t code = htole64(GRAPHD_DEVICE_CODE(f->wire, index));
+    memcpy(msg + PM_IPC_HANDLE_SIZE, &code, sizeof code);
+    return GRAPHD_MAP_DEVICE_PAYLOAD;
 }

@@ -153,19 +153,27 @@ static void on_map(gd_conn_t *c, const graphd_frame_t *f)
                               .id = f->id,
                               .arg = pm_region_size(r),
                               .status = GD_OK};
-        rc = gd_wire_send_bytes(c->wire, &out, pm_region_ipc_handle(r), PM_IPC_HANDLE_SIZE,
-                                pm_region_fd(r));
+        uint8_t msg[GRAPHD_MAP_DEVICE_PAYLOAD];
+        size_t len = PM_IPC_HANDLE_SIZE;
+        memcpy(msg, pm_region_ipc_handle(r), PM_IPC_HANDLE_SIZE);
+        if (f->arg & GRAPHD_MAP_NAME_DEVICE) /* the device's code after the handle */
+            len = gd_map_device_payload(r, msg);
+        rc = gd_wire_send_bytes(c->wire, &out, msg, len, pm_region_fd(r));
     } else
         rc = reply(c, f, GD_OK, pm_region_mapped_size(r), NULL, pm_region_fd(r));
     if (rc != 0)
         on_wire_failed(c);
 }
 
-/* The message bytes a request frame may carry: the client's event handle in EVENTS, nothing in
- * any other. */
+/* The message bytes a request frame may carry: the client's event handle in EVENTS (none on a
+ * family whose events the daemon makes, xpu), nothing in any other. */
 static uint32_t request_msg_len(const graphd_frame_t *f)
 {
-    return f->type == GRAPHD_FRAME_EVENTS ? GRAPHD_IPC_HANDLE_SIZE : 0;
+    const gd_family_t *fam =
+        f->id > 0xff ? NULL : gd_family_of_wire(GRAPHD_DEVICE_CODE_FAMILY(f->id));
+    if (f->type != GRAPHD_FRAME_EVENTS || (fam != NULL && fam->ze_events))
+        return 0;
+    return GRAPHD_IPC_HANDLE_SIZE;
 }
 
 /* Handles one frame (payload: its msg_len bytes); returns false once the connection is closing. */
@@ -494,7 +502,8 @@ void gd_session_end(gd_daemon_t *d, gd_session_t *s, const char *why)
         return;
     *pp = s->next;
     d->nsessions--;
-    gd_order_session_ended(s);  /* first: a graph's stream may wait on this client's counter */
+    gd_order_session_ended(s); /* first: a graph's stream may wait on this client's counter */
+    gd_xpu_events_session_ended(d, s); /* no one waits on its xpu events for ever */
     gd_direct_session_ended(s); /* its executors drop the replays it still has queued there */
     /* Its queued replays go unrun (an RPC replay's call fails); its destroys stay queued. */
     uint64_t dropped = gd_workers_session_ended(&d->workers, s->uid, s->id);

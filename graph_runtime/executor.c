@@ -477,9 +477,9 @@ static int enter_sandbox(const exec_args_t *a, ready_info_t *r)
         return 0;
     }
     gr_sandbox_opts_t o;
-    const char *family = strncmp(a->device, "cuda", 4) == 0 ? "cuda" : "cpu";
-    if (gr_sandbox_default_paths(family, &o) != 0) {
-        fprintf(stderr, "graphd-executor: the sandbox's path lists: out of memory\n");
+    if (gr_sandbox_default_paths(a->device, &o) != 0) { /* by the device's family */
+        fprintf(stderr, "graphd-executor: the sandbox's path lists for %s: %s\n", a->device,
+                errno == EINVAL ? "no device family of that name" : "out of memory");
         return -1;
     }
     o.landlock = !a->no_landlock;

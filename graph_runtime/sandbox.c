@@ -502,14 +502,70 @@ static int add_mapped_dirs(path_list_t *l)
     return rc;
 }
 
+/* What an executor of each device family may touch beyond the common lists, one row per family:
+ * the family is read from the row, never from a "cuda" string test (adding a family: one row
+ * here; docs/ARCHITECTURE.md, "Adding a device family"). Lists end with NULL. */
+typedef struct sandbox_family {
+    const char *kind;
+    const char *const *read;     /* read only */
+    const char *const *rw;       /* read and write: files or directories (device nodes beneath) */
+    const char *const *rw_globs; /* read and write: the device nodes that match, at call time */
+    int mps;                     /* rw: the CUDA MPS pipe directory, when it exists */
+    const char *const *tmp;      /* files may be created and removed beneath */
+    int unix_sockets;            /* socket(AF_UNIX) (an MPS client connects to its pipe) */
+} sandbox_family_t;
+
+static const char *const cuda_read[] = {"/proc/driver/nvidia", "/proc/sys/vm/mmap_min_addr",
+                                        "/proc/devices", NULL};
+/* CUDA names the threads it starts by writing /proc/self/task/<tid>/comm, and its
+ * initialisation fails (cudaErrorOperatingSystem, 304) when that is refused
+ * (bench/exec_probe.py with bench/eacces_log.c on the H200). Only this process's own
+ * threads: /proc/self resolves to this pid when the rule is made. */
+static const char *const cuda_rw[] = {"/proc/self/task", NULL};
+static const char *const cuda_nodes[] = {"/dev/nvidia*", NULL};
+static const char *const shm[] = {"/dev/shm", NULL};
+/* Level Zero (Intel's compute runtime) opens the GPU's DRM render nodes (/dev/dri/renderD*,
+ * and card* on some drivers); it reads the device's sysfs, which /sys covers. Never run on an
+ * Intel GPU (docs/XPU.md). */
+static const char *const xpu_rw[] = {"/dev/dri", NULL};
+
+static const sandbox_family_t sandbox_families[] = {
+    {.kind = "cpu"},
+    {.kind = "cuda",
+     .read = cuda_read,
+     .rw = cuda_rw,
+     .rw_globs = cuda_nodes,
+     .mps = 1,
+     .tmp = shm,
+     .unix_sockets = 1},
+    {.kind = "xpu", .rw = xpu_rw},
+};
+
+static const sandbox_family_t *sandbox_family_of(const char *device)
+{
+    size_t n = strcspn(device, ":");
+    for (size_t i = 0; i < sizeof sandbox_families / sizeof *sandbox_families; i++)
+        if (strlen(sandbox_families[i].kind) == n &&
+            strncmp(sandbox_families[i].kind, device, n) == 0)
+            return &sandbox_families[i];
+    return NULL;
+}
+
+static int list_add_all(path_list_t *l, const char *const *paths)
+{
+    int rc = 0;
+    for (size_t i = 0; paths != NULL && paths[i] != NULL && rc == 0; i++)
+        rc = list_add_str(l, paths[i]);
+    return rc;
+}
+
 int gr_sandbox_default_paths(const char *family, gr_sandbox_opts_t *o)
 {
-    if (o == NULL || family == NULL ||
-        (strcmp(family, "cpu") != 0 && strcmp(family, "cuda") != 0)) {
+    const sandbox_family_t *fam = family != NULL ? sandbox_family_of(family) : NULL;
+    if (o == NULL || fam == NULL) {
         errno = EINVAL;
         return -1;
     }
-    int cuda = strcmp(family, "cuda") == 0;
     path_list_t r = {0}, w = {0}, t = {0};
     static const char *const read_common[] = {
         "/usr",
@@ -529,35 +585,29 @@ int gr_sandbox_default_paths(const char *family, gr_sandbox_opts_t *o)
         rc = list_add_str(&r, read_common[i]);
     if (rc == 0)
         rc = add_mapped_dirs(&r);
-    if (rc == 0 && cuda)
-        rc = list_add_str(&r, "/proc/driver/nvidia");
-    if (rc == 0 && cuda)
-        rc = list_add_str(&r, "/proc/sys/vm/mmap_min_addr");
-    if (rc == 0 && cuda)
-        rc = list_add_str(&r, "/proc/devices");
+    if (rc == 0)
+        rc = list_add_all(&r, fam->read);
     if (rc == 0)
         rc = list_add_str(&w, "/dev/null");
-    /* CUDA names the threads it starts by writing /proc/self/task/<tid>/comm, and its
-     * initialisation fails (cudaErrorOperatingSystem, 304) when that is refused
-     * (bench/exec_probe.py with bench/eacces_log.c on the H200). Only this process's own
-     * threads: /proc/self resolves to this pid when the rule is made. */
-    if (rc == 0 && cuda)
-        rc = list_add_str(&w, "/proc/self/task");
-    if (rc == 0 && cuda) {
+    if (rc == 0)
+        rc = list_add_all(&w, fam->rw);
+    for (size_t i = 0; fam->rw_globs != NULL && fam->rw_globs[i] != NULL && rc == 0; i++) {
         glob_t g;
-        if (glob("/dev/nvidia*", 0, NULL, &g) == 0) {
-            for (size_t i = 0; i < g.gl_pathc && rc == 0; i++)
-                rc = list_add_str(&w, g.gl_pathv[i]);
+        if (glob(fam->rw_globs[i], 0, NULL, &g) == 0) {
+            for (size_t k = 0; k < g.gl_pathc && rc == 0; k++)
+                rc = list_add_str(&w, g.gl_pathv[k]);
             globfree(&g);
         }
+    }
+    if (rc == 0 && fam->mps) {
         const char *mps = getenv("CUDA_MPS_PIPE_DIRECTORY");
         if (mps == NULL || *mps == '\0')
             mps = "/tmp/nvidia-mps";
-        if (rc == 0 && access(mps, F_OK) == 0)
+        if (access(mps, F_OK) == 0)
             rc = list_add_str(&w, mps);
-        if (rc == 0)
-            rc = list_add_str(&t, "/dev/shm");
     }
+    if (rc == 0)
+        rc = list_add_all(&t, fam->tmp);
     *o = (gr_sandbox_opts_t){
         .read_paths = (const char *const *)r.v,
         .n_read = r.n,
@@ -567,7 +617,7 @@ int gr_sandbox_default_paths(const char *family, gr_sandbox_opts_t *o)
         .n_tmp = t.n,
         .landlock = 1,
         .seccomp = 1,
-        .allow_unix_sockets = cuda,
+        .allow_unix_sockets = fam->unix_sockets,
         .owned = 1,
     };
     if (rc != 0) {

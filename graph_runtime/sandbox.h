@@ -63,20 +63,22 @@ typedef struct gr_sandbox_report {
  * end the process with _exit or detect_leaks=0: LeakSanitizer needs ptrace at exit. */
 int gr_sandbox_enter(const gr_sandbox_opts_t *o, gr_sandbox_report_t *rep);
 
-/* Fills o with the default path lists for an executor of device family "cpu" or "cuda" (landlock
- * and seccomp on, allow_unix_sockets on for "cuda" only):
+/* Fills o with the default path lists for an executor of a device family, named by its kind or
+ * by a device of it ("cpu", "cuda:1", "xpu:0"), from the family's row in sandbox.c (landlock and
+ * seccomp on, allow_unix_sockets on for cuda only):
  *  read: /usr /lib /lib64 /etc/ld.so.cache, the directory of every shared object already mapped
  *        (/proc/self/maps; for one inside a site-packages "torch" or "nvidia" package, that
  *        package's whole directory, for the libraries libtorch and CUDA dlopen later),
  *        /proc/self (this process's pid directory), /proc/cpuinfo /proc/meminfo /proc/stat
  *        /proc/sys/vm/overcommit_memory, /sys, /dev/urandom;
  *        cuda also /proc/driver/nvidia, /proc/sys/vm/mmap_min_addr, /proc/devices
- *  rw:   /dev/null; cuda also every /dev/nvidia* node and /dev/nvidia-caps, the MPS pipe
- *        directory (CUDA_MPS_PIPE_DIRECTORY, default /tmp/nvidia-mps) when it exists, and
- *        /proc/self/task (CUDA writes its threads' names there)
+ *  rw:   /dev/null; cuda also /proc/self/task (CUDA writes its threads' names there), every
+ *        /dev/nvidia* node and /dev/nvidia-caps, and the MPS pipe directory
+ *        (CUDA_MPS_PIPE_DIRECTORY, default /tmp/nvidia-mps) when it exists; xpu also /dev/dri
+ *        (the GPUs' DRM render nodes that Level Zero opens)
  *  tmp:  cuda only: /dev/shm
  * Paths that do not exist are left out here or skipped by gr_sandbox_enter. Returns 0, or -1
- * with errno EINVAL for another family, ENOMEM. Free with gr_sandbox_paths_free. */
+ * with errno EINVAL for a family with no row, ENOMEM. Free with gr_sandbox_paths_free. */
 int gr_sandbox_default_paths(const char *family, gr_sandbox_opts_t *o);
 /* Adds path to the list of kind 'r' (read), 'w' (rw) or 't' (tmp) of lists from
  * gr_sandbox_default_paths (o->owned). 0, or -1 with errno EINVAL or ENOMEM. */

@@ -27,12 +27,18 @@ enum graphd_frame_type {
      * Device region (AllocRegionReply.device names it): cuda: the message is its CUDA IPC memory
      * handle (GRAPHD_IPC_HANDLE_SIZE bytes); xpu: the message is its Level Zero IPC handle
      * (GRAPHD_IPC_HANDLE_SIZE bytes) and the reply carries the allocation's fd (SCM_RIGHTS),
-     * which the client writes into the handle's first 4 bytes before zeMemOpenIpcHandle. */
+     * which the client writes into the handle's first 4 bytes before zeMemOpenIpcHandle. With
+     * GRAPHD_MAP_NAME_DEVICE in the request's arg, a device region's reply names its device:
+     * GRAPHD_MAP_DEVICE_PAYLOAD bytes, the handle then the device's GRAPHD_DEVICE_CODE. */
     GRAPHD_FRAME_MAP = 2,
     GRAPHD_FRAME_REPLAY = 3, /* id = graph id, arg = phase | flags; reply arg = daemon time, ns */
-    /* id = GRAPHD_DEVICE_CODE; request and reply each carry a CUDA IPC event handle
+    /* id = GRAPHD_DEVICE_CODE. cuda: request and reply each carry a CUDA IPC event handle
      * (GRAPHD_IPC_HANDLE_SIZE bytes of message): the client's, recorded after it writes a
-     * replay's inputs, and the daemon's, recorded after the replay (GRAPHD_REPLAY_ORDERED). */
+     * replay's inputs, and the daemon's, recorded after the replay (GRAPHD_REPLAY_ORDERED).
+     * xpu: the request carries nothing and arg = the number of events (0: the daemon's default);
+     * the reply's arg is that number, its message the Level Zero IPC handle of the session's event
+     * pool on the device (GRAPHD_IPC_HANDLE_SIZE bytes), and the pool's fd comes with it
+     * (SCM_RIGHTS), written into the handle's first 4 bytes before zeEventPoolOpenIpcHandle. */
     GRAPHD_FRAME_EVENTS = 4,
     /* id = GRAPHD_DEVICE_CODE; the reply carries the CUDA IPC memory handle of the session's
      * sequence counters on that device (GRAPHD_SEQ_*), for GRAPHD_REPLAY_POSTED. */
@@ -51,6 +57,13 @@ enum graphd_frame_type {
 #define GRAPHD_DIRECT_RENEW 1u
 
 #define GRAPHD_IPC_HANDLE_SIZE 64 /* a cudaIpcMemHandle_t or cudaIpcEventHandle_t */
+
+/* MAP arg: an OK reply for a device region names its device (a daemon that predates it ignores
+ * the bit and sends the handle alone). */
+#define GRAPHD_MAP_NAME_DEVICE 1u
+/* That reply's message: the IPC handle, then the device's GRAPHD_DEVICE_CODE, 64-bit
+ * little-endian. */
+#define GRAPHD_MAP_DEVICE_PAYLOAD (GRAPHD_IPC_HANDLE_SIZE + 8)
 
 /*
  * A device in a frame (EVENTS and SEQ ids, the REPLAY_POSTED device field): its family and its

@@ -324,6 +324,40 @@ int graphd_region_read(graphd_region_t *r, uint64_t offset, void *dst /* [out] *
 #define GRAPHD_STATUS_SCHEMA_VERSION 1
 
 /*
+ * Ordering events on an xpu device (Level Zero): the session's IPC event pool on device
+ * ("xpu:0"), count events (0: the daemon's default, 64; at most GRAPHD_EVENTS_MAX), made by the
+ * daemon and opened in this process's own Level Zero context (zeEventPoolOpenIpcHandle), once per
+ * session and device. Events are numbered 0..count-1 and start unsignalled; this process signals,
+ * resets, queries and waits on them from the host, and so may any process the daemon's pool was
+ * shared with. When the session ends (graphd_goodbye, graphd_close, this process's death, the
+ * daemon stopping) the daemon signals every event, so that no wait on one hangs on a client that
+ * is gone. The handle holds a reference on c: release it with graphd_events_release.
+ * GRAPHD_EINVALID_ARGUMENT for a device that is not "xpu:N" or too many events;
+ * GRAPHD_EUNIMPLEMENTED on cuda (graphd_replay_stream orders by the stream there);
+ * GRAPHD_EALREADY_EXISTS for a second pool on the device; GRAPHD_ENOT_FOUND when the daemon or
+ * this process lacks the device; GRAPHD_EFAILED_PRECONDITION when the driver shares no event
+ * pools between processes (the message names the driver) or the loader cannot be loaded.
+ */
+#define GRAPHD_EVENTS_MAX 4096
+typedef struct graphd_events graphd_events_t;
+int graphd_events_open(graphd_client_t *c, const char *device, unsigned count,
+                       graphd_events_t **out /* [out] */);
+/* The pool's number of events; 0 for NULL. */
+unsigned graphd_events_count(const graphd_events_t *e);
+/* Signals event k from the host (zeEventHostSignal). GRAPHD_EINVALID_ARGUMENT for k >= count. */
+int graphd_events_signal(graphd_events_t *e, unsigned k);
+/* Makes event k unsignalled again (zeEventHostReset). */
+int graphd_events_reset(graphd_events_t *e, unsigned k);
+/* 1 when event k is signalled, 0 when not, or a negative error. */
+int graphd_events_query(graphd_events_t *e, unsigned k);
+/* Waits up to timeout_ns (UINT64_MAX: for ever) for event k to be signalled
+ * (zeEventHostSynchronize): GRAPHD_OK, or GRAPHD_EDEADLINE_EXCEEDED when the time ran out. */
+int graphd_events_wait(graphd_events_t *e, unsigned k, uint64_t timeout_ns);
+/* Closes the pool here (its events first) and drops the handle's reference on its client. NULL:
+ * no-op. */
+void graphd_events_release(graphd_events_t *e /* [in][optional] consumed */);
+
+/*
  * The daemon's Status as one JSON object (UTF-8, NUL-terminated) with keys
  * "daemon", "devices", "pools", "sessions" and any later section, field
  * names as in graphd.proto; as the open session may see it (an admin's: all;

@@ -55,6 +55,8 @@ typedef struct graphd__kind {
 /* The kind and index of a device string ("cuda:0", "xpu:1"; a bare "cuda" is index 0); NULL for
  * a host device or an unknown or malformed name. */
 const graphd__kind_t *graphd__kind_of(const char *device, int *index);
+/* The kind and index of a frame's GRAPHD_DEVICE_CODE; NULL for a host device or no known kind. */
+const graphd__kind_t *graphd__kind_of_code(uint64_t code, int *index);
 /* Calls every kind's session_end (the session ended). */
 void graphd__kinds_session_end(graphd_client_t *c);
 extern const graphd__kind_t graphd__kind_cuda; /* cuda.c */

@@ -34,6 +34,18 @@ const graphd__kind_t *graphd__kind_of(const char *device, int *index)
     return NULL;
 }
 
+const graphd__kind_t *graphd__kind_of_code(uint64_t code, int *index)
+{
+    if (code > 0xff)
+        return NULL;
+    for (size_t i = 0; i < sizeof(kinds) / sizeof(kinds[0]); i++)
+        if (kinds[i]->family == GRAPHD_DEVICE_CODE_FAMILY(code)) {
+            *index = (int)GRAPHD_DEVICE_CODE_INDEX(code);
+            return kinds[i];
+        }
+    return NULL;
+}
+
 void graphd__kinds_session_end(graphd_client_t *c)
 {
     for (size_t i = 0; i < sizeof(kinds) / sizeof(kinds[0]); i++)

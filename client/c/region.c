@@ -6,6 +6,8 @@
  * list and holds a reference on it, so that the client outlives graphd_close until the last handle
  * is released.
  */
+#include <endian.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -94,12 +96,43 @@ int graphd__region_map(graphd_client_t *c, uint64_t region_id, const char *devic
 {
     uint64_t mapped_size = 0;
     int fd = -1;
-    uint8_t handle[GRAPHD__IPC_HANDLE_SIZE];
+    uint8_t handle[GRAPHD_MAP_DEVICE_PAYLOAD];
     size_t handle_len = sizeof(handle);
-    int rc = graphd__dp_exchange(c, GRAPHD_FRAME_MAP, region_id, 0, NULL, 0, &mapped_size, &fd,
-                                 handle, &handle_len);
+    int rc = graphd__dp_exchange(c, GRAPHD_FRAME_MAP, region_id, GRAPHD_MAP_NAME_DEVICE, NULL, 0,
+                                 &mapped_size, &fd, handle, &handle_len);
     if (rc != GRAPHD_OK)
         return rc;
+    char named[32];
+    if (handle_len == GRAPHD_MAP_DEVICE_PAYLOAD) {
+        /* The daemon named the region's device: what the caller gave (the pool's or the graph's
+         * device) must be it; without one, it is the device to open on. */
+        uint64_t code;
+        memcpy(&code, handle + GRAPHD__IPC_HANDLE_SIZE, sizeof(code));
+        code = le64toh(code);
+        int index = -1;
+        const graphd__kind_t *kind = graphd__kind_of_code(code, &index);
+        if (kind == NULL) {
+            if (fd >= 0)
+                close(fd);
+            return graphd__fail(c, GRAPHD_EPROTO,
+                                "MAP reply for device region %llu names device code %llu, of no "
+                                "device kind this libgraphd knows",
+                                (unsigned long long)region_id, (unsigned long long)code);
+        }
+        snprintf(named, sizeof(named), "%s:%d", kind->name, index);
+        if (device != NULL) {
+            int want = -1;
+            if (graphd__kind_of(device, &want) != kind || want != index) {
+                if (fd >= 0)
+                    close(fd);
+                return graphd__fail(c, GRAPHD_EPROTO,
+                                    "region %llu: expected on %s, the daemon says %s",
+                                    (unsigned long long)region_id, device, named);
+            }
+        }
+        device = named;
+        handle_len = GRAPHD__IPC_HANDLE_SIZE;
+    }
     if (handle_len != 0) {
         if (handle_len != GRAPHD__IPC_HANDLE_SIZE) {
             if (fd >= 0)

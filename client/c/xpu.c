@@ -11,7 +11,11 @@
  * allocation's fd with SCM_RIGHTS; the fd number received here goes into the handle's first 4
  * bytes before zeMemOpenIpcHandle. The region keeps the fd until zeMemCloseIpcHandle.
  *
- * libgraphd has no ordering primitives for xpu yet (no xpu graph family exists to order against):
+ * Events (graphd_events_open): the session's Level Zero IPC event pool on an xpu device, made by
+ * the daemon (EVENTS frame: its handle, the count in arg, the pool's fd with SCM_RIGHTS, written
+ * into the handle's first 4 bytes as for memory) and opened here with zeEventPoolOpenIpcHandle,
+ * its events created here by index. The daemon host-signals every one when the session ends, so a
+ * wait here never outlives the session. There is no xpu graph family to order replays against:
  * the row's replay_ordered is NULL.
  */
 #include <dlfcn.h>
@@ -62,6 +66,17 @@ static struct {
                                             ze_command_list_handle_t *);
     ze_result_t(ZE_APICALL *append_copy)(ze_command_list_handle_t, void *, const void *, size_t,
                                          ze_event_handle_t, uint32_t, ze_event_handle_t *);
+    /* events (graphd_events_*) */
+    ze_result_t(ZE_APICALL *pool_open_ipc)(ze_context_handle_t, ze_ipc_event_pool_handle_t,
+                                           ze_event_pool_handle_t *);
+    ze_result_t(ZE_APICALL *pool_close_ipc)(ze_event_pool_handle_t);
+    ze_result_t(ZE_APICALL *event_create)(ze_event_pool_handle_t, const ze_event_desc_t *,
+                                          ze_event_handle_t *);
+    ze_result_t(ZE_APICALL *event_destroy)(ze_event_handle_t);
+    ze_result_t(ZE_APICALL *event_signal)(ze_event_handle_t);
+    ze_result_t(ZE_APICALL *event_sync)(ze_event_handle_t, uint64_t);
+    ze_result_t(ZE_APICALL *event_query)(ze_event_handle_t);
+    ze_result_t(ZE_APICALL *event_reset)(ze_event_handle_t);
     unsigned ndrivers;
     unsigned ndev;
     xdev_t dev[XPU_MAX];
@@ -163,6 +178,25 @@ static void load(void)
     ze.append_copy = (ze_result_t(ZE_APICALL *)(
         ze_command_list_handle_t, void *, const void *, size_t, ze_event_handle_t, uint32_t,
         ze_event_handle_t *))sym(h, "zeCommandListAppendMemoryCopy", &missing);
+    ze.pool_open_ipc =
+        (ze_result_t(ZE_APICALL *)(ze_context_handle_t, ze_ipc_event_pool_handle_t,
+                                   ze_event_pool_handle_t *))sym(h, "zeEventPoolOpenIpcHandle",
+                                                                 &missing);
+    ze.pool_close_ipc = (ze_result_t(ZE_APICALL *)(ze_event_pool_handle_t))sym(
+        h, "zeEventPoolCloseIpcHandle", &missing);
+    ze.event_create =
+        (ze_result_t(ZE_APICALL *)(ze_event_pool_handle_t, const ze_event_desc_t *,
+                                   ze_event_handle_t *))sym(h, "zeEventCreate", &missing);
+    ze.event_destroy =
+        (ze_result_t(ZE_APICALL *)(ze_event_handle_t))sym(h, "zeEventDestroy", &missing);
+    ze.event_signal =
+        (ze_result_t(ZE_APICALL *)(ze_event_handle_t))sym(h, "zeEventHostSignal", &missing);
+    ze.event_sync = (ze_result_t(ZE_APICALL *)(ze_event_handle_t, uint64_t))sym(
+        h, "zeEventHostSynchronize", &missing);
+    ze.event_query =
+        (ze_result_t(ZE_APICALL *)(ze_event_handle_t))sym(h, "zeEventQueryStatus", &missing);
+    ze.event_reset =
+        (ze_result_t(ZE_APICALL *)(ze_event_handle_t))sym(h, "zeEventHostReset", &missing);
     if (missing) {
         ze.err = GRAPHD_EFAILED_PRECONDITION;
         return;
@@ -358,6 +392,198 @@ static int xpu_copy(graphd_client_t *c, int index, void *dev, void *host, size_t
             c, GRAPHD_EFAILED_PRECONDITION, "%s %s xpu:%d (%s, %zu bytes): %s (0x%x)", call,
             to_device ? "to" : "from", index, d->name, n, result_name(r), (unsigned)r);
     return GRAPHD_OK;
+}
+
+/* ---- events -------------------------------------------------------------------------------- */
+
+struct graphd_events {
+    graphd_client_t *client; /* a reference, for errors */
+    int index;               /* xpu:index */
+    int fd;                  /* the pool's, kept until zeEventPoolCloseIpcHandle */
+    ze_event_pool_handle_t pool;
+    uint32_t count;
+    ze_event_handle_t ev[];
+};
+
+static void events_free(graphd_events_t *e)
+{
+    for (uint32_t k = 0; k < e->count; k++)
+        if (e->ev[k] != NULL)
+            (void)ze.event_destroy(e->ev[k]);
+    if (e->pool != NULL)
+        (void)ze.pool_close_ipc(e->pool);
+    if (e->fd >= 0)
+        close(e->fd);
+    graphd__client_unref(e->client);
+    free(e);
+}
+
+int graphd_events_open(graphd_client_t *c, const char *device, unsigned count,
+                       graphd_events_t **out)
+{
+    if (c == NULL)
+        return graphd__fail_thread(GRAPHD_EINVALID_ARGUMENT, "graphd_events_open: NULL client");
+    c->last_error[0] = '\0';
+    if (out == NULL)
+        return graphd__fail(c, GRAPHD_EINVALID_ARGUMENT, "out is NULL");
+    *out = NULL;
+    int index = -1;
+    const graphd__kind_t *kind = graphd__kind_of(device, &index);
+    if (kind == NULL || device == NULL || strchr(device, ':') == NULL)
+        return graphd__fail(c, GRAPHD_EINVALID_ARGUMENT,
+                            "events on '%s': name an xpu device, as \"xpu:0\"",
+                            device != NULL ? device : "(null)");
+    if (kind != &graphd__kind_xpu)
+        return graphd__fail(c, GRAPHD_EUNIMPLEMENTED,
+                            "events on %s: graphd_events_* are for xpu devices; on cuda, "
+                            "graphd_replay_stream orders replays by the stream",
+                            device);
+    if (count > GRAPHD_EVENTS_MAX)
+        return graphd__fail(c, GRAPHD_EINVALID_ARGUMENT,
+                            "%u events on %s: at most %d in one session's pool", count, device,
+                            GRAPHD_EVENTS_MAX);
+    if (c->session_id == 0)
+        return graphd__fail(c, GRAPHD_EFAILED_PRECONDITION, "no session: call graphd_hello first");
+    xdev_t *d;
+    int rc = device_of(c, index, &d);
+    if (rc != GRAPHD_OK)
+        return rc;
+    uint8_t handle[GRAPHD__IPC_HANDLE_SIZE];
+    size_t len = sizeof(handle);
+    uint64_t got = 0;
+    int fd = -1;
+    rc = graphd__dp_exchange(c, GRAPHD_FRAME_EVENTS, GRAPHD_DEVICE_CODE(GRAPHD_DEVICE_XPU, index),
+                             count, NULL, 0, &got, &fd, handle, &len);
+    if (rc != GRAPHD_OK)
+        return rc;
+    if (len != sizeof(handle) || fd < 0 || got == 0 || got > GRAPHD_EVENTS_MAX ||
+        (count != 0 && got != count)) {
+        if (fd >= 0)
+            close(fd);
+        return graphd__fail(c, GRAPHD_EPROTO,
+                            "EVENTS reply for %s with %zu bytes of handle, %s descriptor and %llu "
+                            "events (asked %u)",
+                            device, len, fd >= 0 ? "a" : "no", (unsigned long long)got, count);
+    }
+    graphd_events_t *e = calloc(1, sizeof(*e) + (size_t)got * sizeof(e->ev[0]));
+    if (e == NULL) {
+        close(fd);
+        return graphd__fail(c, GRAPHD_ENOMEM, "out of memory");
+    }
+    graphd__client_ref(c);
+    e->client = c;
+    e->index = index;
+    e->fd = fd;
+    ze_ipc_event_pool_handle_t h;
+    memcpy(h.data, handle, sizeof(h.data));
+    int32_t v = fd;
+    memcpy(h.data, &v, sizeof(v)); /* the number of the fd received here */
+    ze_result_t r = ze.pool_open_ipc(d->ctx, h, &e->pool);
+    if (r != ZE_RESULT_SUCCESS) {
+        e->pool = NULL;
+        rc = graphd__fail(c, GRAPHD_EFAILED_PRECONDITION,
+                          "zeEventPoolOpenIpcHandle on %s (%s) of Level Zero driver %u (version "
+                          "0x%x): %s (0x%x)",
+                          device, d->name, d->driver, d->driver_version, result_name(r),
+                          (unsigned)r);
+        events_free(e);
+        return rc;
+    }
+    for (uint32_t k = 0; k < (uint32_t)got; k++) {
+        ze_event_desc_t ed = {.stype = ZE_STRUCTURE_TYPE_EVENT_DESC,
+                              .index = k,
+                              .signal = ZE_EVENT_SCOPE_FLAG_HOST,
+                              .wait = ZE_EVENT_SCOPE_FLAG_HOST};
+        r = ze.event_create(e->pool, &ed, &e->ev[k]);
+        if (r != ZE_RESULT_SUCCESS) {
+            e->ev[k] = NULL;
+            e->count = k;
+            rc = graphd__fail(c, GRAPHD_EFAILED_PRECONDITION, "zeEventCreate %u on %s: %s (0x%x)",
+                              k, device, result_name(r), (unsigned)r);
+            events_free(e);
+            return rc;
+        }
+        e->count = k + 1;
+    }
+    *out = e;
+    return GRAPHD_OK;
+}
+
+unsigned graphd_events_count(const graphd_events_t *e)
+{
+    return e != NULL ? e->count : 0;
+}
+
+/* The checks of every per-event call; 0 or an error on e's client. */
+static int event_arg(graphd_events_t *e, unsigned k, const char *fn)
+{
+    if (e == NULL)
+        return graphd__fail_thread(GRAPHD_EINVALID_ARGUMENT, "%s: NULL events", fn);
+    e->client->last_error[0] = '\0';
+    if (k >= e->count)
+        return graphd__fail(e->client, GRAPHD_EINVALID_ARGUMENT,
+                            "%s: event %u of xpu:%d's %u events", fn, k, e->index, e->count);
+    return GRAPHD_OK;
+}
+
+static int event_fail(graphd_events_t *e, unsigned k, const char *call, ze_result_t r)
+{
+    return graphd__fail(
+        e->client,
+        r == ZE_RESULT_ERROR_DEVICE_LOST ? GRAPHD_EUNAVAILABLE : GRAPHD_EFAILED_PRECONDITION,
+        "%s of event %u on xpu:%d: %s (0x%x)", call, k, e->index, result_name(r), (unsigned)r);
+}
+
+int graphd_events_signal(graphd_events_t *e, unsigned k)
+{
+    int rc = event_arg(e, k, "graphd_events_signal");
+    if (rc != GRAPHD_OK)
+        return rc;
+    ze_result_t r = ze.event_signal(e->ev[k]);
+    return r == ZE_RESULT_SUCCESS ? GRAPHD_OK : event_fail(e, k, "zeEventHostSignal", r);
+}
+
+int graphd_events_reset(graphd_events_t *e, unsigned k)
+{
+    int rc = event_arg(e, k, "graphd_events_reset");
+    if (rc != GRAPHD_OK)
+        return rc;
+    ze_result_t r = ze.event_reset(e->ev[k]);
+    return r == ZE_RESULT_SUCCESS ? GRAPHD_OK : event_fail(e, k, "zeEventHostReset", r);
+}
+
+int graphd_events_query(graphd_events_t *e, unsigned k)
+{
+    int rc = event_arg(e, k, "graphd_events_query");
+    if (rc != GRAPHD_OK)
+        return rc;
+    ze_result_t r = ze.event_query(e->ev[k]);
+    if (r == ZE_RESULT_SUCCESS)
+        return 1;
+    if (r == ZE_RESULT_NOT_READY)
+        return 0;
+    return event_fail(e, k, "zeEventQueryStatus", r);
+}
+
+int graphd_events_wait(graphd_events_t *e, unsigned k, uint64_t timeout_ns)
+{
+    int rc = event_arg(e, k, "graphd_events_wait");
+    if (rc != GRAPHD_OK)
+        return rc;
+    ze_result_t r = ze.event_sync(e->ev[k], timeout_ns);
+    if (r == ZE_RESULT_SUCCESS)
+        return GRAPHD_OK;
+    if (r == ZE_RESULT_NOT_READY)
+        return graphd__fail(e->client, GRAPHD_EDEADLINE_EXCEEDED,
+                            "event %u on xpu:%d not signalled within %llu ns", k, e->index,
+                            (unsigned long long)timeout_ns);
+    return event_fail(e, k, "zeEventHostSynchronize", r);
+}
+
+void graphd_events_release(graphd_events_t *e)
+{
+    if (e != NULL)
+        events_free(e);
 }
 
 const graphd__kind_t graphd__kind_xpu = {

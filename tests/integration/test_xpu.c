@@ -31,6 +31,7 @@
 
 #include "../lib/harness.h"
 #include "../lib/wire.h"
+#include "runtime.h"
 #include "ze_layer.h"
 
 #define M(name) "/graphd.v1.Graphd/" name
@@ -39,6 +40,7 @@ enum {
     INVALID_ARGUMENT = 3,
     NOT_FOUND = 5,
     RESOURCE_EXHAUSTED = 8,
+    ALREADY_EXISTS = 6,
     FAILED_PRECONDITION = 9,
     UNIMPLEMENTED = 12,
     UNAVAILABLE = 14,
@@ -295,6 +297,34 @@ static int order_frame(raw_t *s, uint16_t type, uint64_t code, char *text, size_
     assert_int_equal(rep.type, type | GRAPHD_FRAME_REPLY);
     assert_int_equal(rep.seq, req.seq);
     return (int)rep.status;
+}
+
+/* EVENTS on an xpu device (code): no payload, arg = count (0: the daemon's default). OK with the
+ * pool's handle in *ipc, its fd in *fd and its count in *count, or the error status (text gets
+ * the message). */
+static int events_frame(raw_t *s, uint64_t code, uint64_t count, gr_ze_ipc_t *ipc, int *fd,
+                        uint32_t *got, char *text, size_t tsize)
+{
+    uint64_t seq = s->seq++;
+    dp_send_frame(s->fd, GRAPHD_FRAME_EVENTS, seq, code, count);
+    graphd_frame_t f = {0};
+    uint8_t msg[GRAPHD_FRAME_MAX_MSG];
+    size_t len;
+    recv_frame_fd(s->fd, &f, msg, sizeof(msg), &len, fd);
+    assert_int_equal(f.type, GRAPHD_FRAME_EVENTS | GRAPHD_FRAME_REPLY);
+    assert_int_equal(f.seq, seq);
+    assert_int_equal(f.id, code);
+    if (f.status != OK) {
+        snprintf(text, tsize, "%.*s", (int)len, (const char *)msg);
+        assert_int_equal(*fd, -1);
+        return (int)f.status;
+    }
+    assert_int_equal(len, GR_ZE_IPC_SIZE);
+    memcpy(ipc->data, msg, GR_ZE_IPC_SIZE);
+    assert_true(*fd >= 0);
+    assert_true(f.arg > 0 && f.arg <= GR_ZE_EVENTS_MAX);
+    *got = (uint32_t)f.arg;
+    return OK;
 }
 
 /* ---- the daemon ----------------------------------------------------------------------------- */
@@ -810,7 +840,7 @@ static void reclaimed_on_sigkill(void **state)
 }
 
 /* What an xpu device cannot do in this build: capture (UNIMPLEMENTED, before any executor
- * starts), CUDA ordering frames; and device memory on a cpu pool, and past a pool's limit. */
+ * starts), sequence counters (SEQ); and device memory on a cpu pool, and past a pool's limit. */
 static void refused_operations(void **state)
 {
     (void)state;
@@ -840,8 +870,6 @@ static void refused_operations(void **state)
 
     char msg[GRAPHD_FRAME_MAX_MSG + 1];
     uint64_t x0 = GRAPHD_DEVICE_CODE(GRAPHD_DEVICE_XPU, 0);
-    assert_int_equal(order_frame(&s, GRAPHD_FRAME_EVENTS, x0, msg, sizeof(msg)), UNIMPLEMENTED);
-    assert_non_null(strstr(msg, "xpu:0 has no events"));
     assert_int_equal(order_frame(&s, GRAPHD_FRAME_SEQ, x0, msg, sizeof(msg)), UNIMPLEMENTED);
     assert_non_null(strstr(msg, "xpu:0 has no sequence counters"));
     uint64_t x5 = GRAPHD_DEVICE_CODE(GRAPHD_DEVICE_XPU, 5);
@@ -1016,6 +1044,310 @@ static void without_driver(void **state)
     expect_no_xpu(NULL, off, "info  no xpu device listed: xpu = off");
 }
 
+/* ---- events: a session's Level Zero IPC event pool ----------------------------------------- */
+
+static void hex_encode(const uint8_t *b, size_t n, char *out)
+{
+    for (size_t i = 0; i < n; i++)
+        snprintf(out + 2 * i, 3, "%02x", b[i]);
+}
+
+static int hex_decode(const char *in, uint8_t *b, size_t n)
+{
+    if (strlen(in) != 2 * n)
+        return -1;
+    for (size_t i = 0; i < n; i++) {
+        unsigned v;
+        if (sscanf(in + 2 * i, "%2x", &v) != 1)
+            return -1;
+        b[i] = (uint8_t)v;
+    }
+    return 0;
+}
+
+/* Sends the pool (handle, count, fd) over a unix socket, the fd with SCM_RIGHTS. */
+static void send_pool(int sock, const gr_ze_ipc_t *ipc, uint32_t count, int fd)
+{
+    uint8_t buf[GR_ZE_IPC_SIZE + 4];
+    memcpy(buf, ipc->data, GR_ZE_IPC_SIZE);
+    memcpy(buf + GR_ZE_IPC_SIZE, &count, 4);
+    char control[CMSG_SPACE(sizeof(int))];
+    memset(control, 0, sizeof(control));
+    struct iovec iov = {.iov_base = buf, .iov_len = sizeof(buf)};
+    struct msghdr mh = {.msg_iov = &iov,
+                        .msg_iovlen = 1,
+                        .msg_control = control,
+                        .msg_controllen = sizeof(control)};
+    struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
+    cm->cmsg_level = SOL_SOCKET;
+    cm->cmsg_type = SCM_RIGHTS;
+    cm->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(cm), &fd, sizeof(int));
+    assert_int_equal(sendmsg(sock, &mh, 0), (ssize_t)sizeof(buf));
+}
+
+/* Role "events" (a re-executed child, "client A"): opens a session on the daemon at address,
+ * gets its 8 events on xpu:0 and sends them on the socket sock, then waits to be killed. */
+static int events_main(const char *address, int sock)
+{
+    harness_t h;
+    memset(&h, 0, sizeof(h));
+    snprintf(h.address, sizeof(h.address), "%s", address);
+    raw_t s;
+    raw_hello(&h, &s);
+    gr_ze_ipc_t ipc;
+    int fd;
+    uint32_t got;
+    char text[256];
+    if (events_frame(&s, GRAPHD_DEVICE_CODE(GRAPHD_DEVICE_XPU, 0), 8, &ipc, &fd, &got, text,
+                     sizeof(text)) != OK)
+        return 4;
+    send_pool(sock, &ipc, got, fd);
+    close(fd);
+    for (;;)
+        pause();
+}
+
+/* Role "waiter" (a re-executed child): opens the pool (fd, handle in hex, count) in its own
+ * context, says "waiting" on stdout, waits for event k with zeEventHostSynchronize(UINT64_MAX)
+ * and exits 0 once it is signalled. */
+static int waiter_main(int fd, const char *hex, unsigned count, unsigned k)
+{
+    gr_ze_t *own = NULL;
+    gr_ze_ipc_t ipc;
+    if (hex_decode(hex, ipc.data, GR_ZE_IPC_SIZE) != 0 || gr_ze_open(&own, NULL, 0) != 0)
+        return 3;
+    gr_ze_event_pool_t *pool = NULL;
+    if (gr_ze_event_pool_open(own, 0, &ipc, fd, count, &pool) != 0) {
+        fprintf(stderr, "waiter: %s\n", gr_last_error());
+        return 4;
+    }
+    if (gr_ze_event_query(pool, k) != 0)
+        return 5; /* signalled before anyone did */
+    printf("waiting\n");
+    fflush(stdout);
+    int rc = gr_ze_event_wait(pool, k, UINT64_MAX);
+    if (rc != 0) {
+        fprintf(stderr, "waiter: %s\n", gr_last_error());
+        return 6;
+    }
+    gr_ze_event_pool_close(pool);
+    gr_ze_close(own);
+    return 0;
+}
+
+/* Waits up to 30 s for pid (a guard against a hang, not a measure) and returns its status; kills
+ * it and fails when it has not ended. */
+static int wait_guarded(pid_t pid, const char *what)
+{
+    int64_t end = harness_now_ms() + 30000;
+    int status;
+    for (;;) {
+        pid_t r = waitpid(pid, &status, WNOHANG);
+        if (r == pid)
+            return status;
+        assert_int_equal(r, 0);
+        if (harness_now_ms() > end) {
+            kill(pid, SIGKILL);
+            waitpid(pid, &status, 0);
+            fail_msg("%s still waits 30 s later: nothing signalled its event", what);
+        }
+        usleep(20000);
+    }
+}
+
+/* Client A gets its events on xpu:0, a separate process waits on one with
+ * zeEventHostSynchronize(UINT64_MAX), A is SIGKILLed: the daemon signals every event of A's pool,
+ * so the waiter returns; the pool is destroyed (the daemon's memfds back where they were). */
+static void events_released_on_sigkill(void **state)
+{
+    (void)state;
+    fixture_t f;
+    start(&f, NULL, NULL);
+    int fds0 = daemon_fds(&f);
+    int sv[2];
+    assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+    fflush(NULL);
+    pid_t a = fork();
+    if (a == 0) {
+        close(sv[0]);
+        char sock[16];
+        snprintf(sock, sizeof(sock), "%d", sv[1]);
+        char *argv[] = {self_exe, "--role", "events", f.h.address, sock, NULL};
+        execv(self_exe, argv);
+        _exit(127);
+    }
+    close(sv[1]);
+    /* A's pool, as A sent it */
+    uint8_t buf[GR_ZE_IPC_SIZE + 4];
+    int fd = -1;
+    {
+        struct pollfd p = {.fd = sv[0], .events = POLLIN};
+        assert_int_equal(poll(&p, 1, 10000), 1);
+        char control[CMSG_SPACE(sizeof(int) * 4)];
+        struct iovec iov = {.iov_base = buf, .iov_len = sizeof(buf)};
+        struct msghdr mh = {.msg_iov = &iov,
+                            .msg_iovlen = 1,
+                            .msg_control = control,
+                            .msg_controllen = sizeof(control)};
+        assert_int_equal(recvmsg(sv[0], &mh, 0), (ssize_t)sizeof(buf)); /* not CLOEXEC */
+        for (struct cmsghdr *cm = CMSG_FIRSTHDR(&mh); cm; cm = CMSG_NXTHDR(&mh, cm))
+            if (cm->cmsg_type == SCM_RIGHTS)
+                memcpy(&fd, CMSG_DATA(cm), sizeof(int));
+    }
+    close(sv[0]);
+    assert_true(fd >= 0);
+    uint32_t count;
+    memcpy(&count, buf + GR_ZE_IPC_SIZE, 4);
+    assert_int_equal(count, 8);
+    assert_true(daemon_fds(&f) > fds0); /* the pool's memfd */
+
+    /* The waiter on event 5, and this process's own view of the pool. */
+    char hex[2 * GR_ZE_IPC_SIZE + 1], fdarg[16];
+    hex_encode(buf, GR_ZE_IPC_SIZE, hex);
+    snprintf(fdarg, sizeof(fdarg), "%d", fd);
+    int out[2];
+    assert_int_equal(pipe(out), 0);
+    fflush(NULL);
+    pid_t w = fork();
+    if (w == 0) {
+        dup2(out[1], 1);
+        char *argv[] = {self_exe, "--role", "waiter", fdarg, hex, "8", "5", NULL};
+        execv(self_exe, argv);
+        _exit(127);
+    }
+    close(out[1]);
+    char said[16] = "";
+    struct pollfd p = {.fd = out[0], .events = POLLIN};
+    assert_int_equal(poll(&p, 1, 10000), 1);
+    assert_true(read(out[0], said, sizeof(said) - 1) > 0);
+    close(out[0]);
+    assert_non_null(strstr(said, "waiting"));
+    gr_ze_ipc_t ipc;
+    memcpy(ipc.data, buf, GR_ZE_IPC_SIZE);
+    gr_ze_event_pool_t *mine = NULL;
+    assert_int_equal(gr_ze_event_pool_open(ze, 0, &ipc, fd, count, &mine), 0);
+    close(fd);
+    for (uint32_t k = 0; k < count; k++)
+        assert_int_equal(gr_ze_event_query(mine, k), 0);
+    int status;
+    assert_int_equal(waitpid(w, &status, WNOHANG), 0); /* nothing has signalled it */
+
+    kill(a, SIGKILL);
+    assert_int_equal(waitpid(a, &status, 0), a);
+    assert_true(WIFSIGNALED(status));
+    status = wait_guarded(w, "the waiter on event 5 of a SIGKILLed client's pool");
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+    for (uint32_t k = 0; k < count; k++)
+        assert_int_equal(gr_ze_event_query(mine, k), 1);
+    assert_int_equal(gr_ze_event_pool_close(mine), 0);
+    expect_fds(&f, fds0);
+    stop(&f);
+}
+
+/* A clean session: the pool's events start unsignalled; what one side signals the other sees;
+ * one pool per session and device; bad counts and devices refused; Goodbye and the daemon's
+ * SIGTERM each signal every event of a session's pool, and the pools are destroyed. */
+static void events_goodbye_and_stop(void **state)
+{
+    (void)state;
+    fixture_t f;
+    start(&f, NULL, NULL);
+    int fds0 = daemon_fds(&f);
+    raw_t s;
+    raw_hello(&f.h, &s);
+    uint64_t x0 = GRAPHD_DEVICE_CODE(GRAPHD_DEVICE_XPU, 0);
+    uint64_t x1 = GRAPHD_DEVICE_CODE(GRAPHD_DEVICE_XPU, 1);
+    gr_ze_ipc_t ipc;
+    int fd;
+    uint32_t got;
+    char text[GRAPHD_FRAME_MAX_MSG + 1];
+    assert_int_equal(
+        events_frame(&s, x0, GR_ZE_EVENTS_MAX + 1, &ipc, &fd, &got, text, sizeof(text)),
+        INVALID_ARGUMENT);
+    assert_non_null(strstr(text, "at most 4096"));
+    assert_int_equal(events_frame(&s, GRAPHD_DEVICE_CODE(GRAPHD_DEVICE_XPU, 5), 4, &ipc, &fd, &got,
+                                  text, sizeof(text)),
+                     NOT_FOUND);
+    assert_non_null(strstr(text, "xpu:5"));
+    assert_int_equal(events_frame(&s, x0, 4, &ipc, &fd, &got, text, sizeof(text)), OK);
+    assert_int_equal(got, 4);
+    gr_ze_event_pool_t *p0 = NULL;
+    assert_int_equal(gr_ze_event_pool_open(ze, 0, &ipc, fd, got, &p0), 0);
+    close(fd);
+    assert_int_equal(events_frame(&s, x0, 4, &ipc, &fd, &got, text, sizeof(text)), ALREADY_EXISTS);
+    assert_non_null(strstr(text, "already has events"));
+    for (uint32_t k = 0; k < 4; k++)
+        assert_int_equal(gr_ze_event_query(p0, k), 0);
+    assert_int_equal(gr_ze_event_signal(p0, 2), 0);
+    assert_int_equal(gr_ze_event_query(p0, 2), 1);
+    assert_int_equal(gr_ze_event_reset(p0, 2), 0);
+    /* A second session, on xpu:1 with the default count, left to the daemon's stop. */
+    raw_t s2;
+    raw_hello(&f.h, &s2);
+    assert_int_equal(events_frame(&s2, x1, 0, &ipc, &fd, &got, text, sizeof(text)), OK);
+    assert_int_equal(got, 64);
+    gr_ze_event_pool_t *p1 = NULL;
+    assert_int_equal(gr_ze_event_pool_open(ze, 1, &ipc, fd, got, &p1), 0);
+    close(fd);
+    assert_true(daemon_fds(&f) >= fds0 + 2);
+
+    goodbye(&s);
+    for (uint32_t k = 0; k < 4; k++)
+        assert_int_equal(gr_ze_event_wait(p0, k, 30ull * 1000000000ull), 0);
+    assert_int_equal(gr_ze_event_query(p1, 63), 0); /* another session's: not signalled */
+    assert_int_equal(gr_ze_event_pool_close(p0), 0);
+
+    char *log = daemon_log(&f);
+    assert_null(strstr(log, "signalling the events"));
+    assert_null(strstr(log, "destroying the event pool"));
+    graphd_close(f.c);
+    assert_int_equal(harness_stop(&f.h), 0); /* SIGTERM ends s2 */
+    for (uint32_t k = 0; k < 64; k++)
+        assert_int_equal(gr_ze_event_query(p1, k), 1);
+    assert_int_equal(gr_ze_event_pool_close(p1), 0);
+    close(s2.fd);
+}
+
+/* A driver without event-pool IPC (GRAPHD_ZE_TEST_NO_EVENT_IPC): EVENTS answers
+ * FAILED_PRECONDITION naming the device, the driver and what it lacks, twice, leaving nothing
+ * behind; device regions still work. */
+static void events_injected_no_event_ipc(void **state)
+{
+    (void)state;
+    fixture_t f;
+    const char *knobs[] = {"GRAPHD_ZE_TEST_NO_EVENT_IPC=1", NULL};
+    start(&f, knobs, NULL);
+    int fds0 = daemon_fds(&f);
+    raw_t s;
+    raw_hello(&f.h, &s);
+    uint64_t x0 = GRAPHD_DEVICE_CODE(GRAPHD_DEVICE_XPU, 0);
+    gr_ze_ipc_t ipc;
+    int fd;
+    uint32_t got;
+    char text[GRAPHD_FRAME_MAX_MSG + 1];
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(events_frame(&s, x0, 4, &ipc, &fd, &got, text, sizeof(text)),
+                         FAILED_PRECONDITION);
+        assert_non_null(strstr(text, "xpu:0"));
+        assert_non_null(strstr(text, "event-pool IPC"));
+        assert_non_null(strstr(text, "driver"));
+        assert_int_equal(daemon_fds(&f), fds0);
+    }
+    assert_int_equal(create_pool(&s, "xp", "xpu:0", 0, NULL, 0), OK);
+    uint64_t id;
+    uint64_t size;
+    assert_int_equal(alloc_region(&s, "xp", 4096, 1, &id, NULL, 0), OK);
+    assert_int_equal(map_region(&s, id, &ipc, &fd, &size, text, sizeof(text)), OK);
+    close(fd);
+    assert_int_equal(free_region(&s, id), OK);
+    expect_pool_empty(&f, "xp");
+    goodbye(&s);
+    expect_fds(&f, fds0);
+    stop(&f);
+}
+
 /* ---- modes -------------------------------------------------------------------------------- */
 
 static int run_suite(void)
@@ -1026,12 +1358,13 @@ static int run_suite(void)
         return 1;
     }
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(devices_and_telemetry),  cmocka_unit_test(region_roundtrip),
-        cmocka_unit_test(reclaimed_on_goodbye),   cmocka_unit_test(region_at_shutdown),
-        cmocka_unit_test(reclaimed_on_sigkill),   cmocka_unit_test(refused_operations),
-        cmocka_unit_test(injected_out_of_memory), cmocka_unit_test(injected_device_lost),
-        cmocka_unit_test(injected_no_ipc),        cmocka_unit_test(injected_no_sysman),
-        cmocka_unit_test(without_driver),
+        cmocka_unit_test(devices_and_telemetry),   cmocka_unit_test(region_roundtrip),
+        cmocka_unit_test(reclaimed_on_goodbye),    cmocka_unit_test(region_at_shutdown),
+        cmocka_unit_test(reclaimed_on_sigkill),    cmocka_unit_test(refused_operations),
+        cmocka_unit_test(injected_out_of_memory),  cmocka_unit_test(injected_device_lost),
+        cmocka_unit_test(injected_no_ipc),         cmocka_unit_test(injected_no_sysman),
+        cmocka_unit_test(without_driver),          cmocka_unit_test(events_released_on_sigkill),
+        cmocka_unit_test(events_goodbye_and_stop), cmocka_unit_test(events_injected_no_event_ipc),
     };
     int rc = cmocka_run_group_tests_name(getenv("ZE_ENABLE_LOADER_INTERCEPT")
                                              ? "xpu (ZE_ENABLE_LOADER_INTERCEPT=1)"
@@ -1062,6 +1395,7 @@ static int run_modes(void)
         "GRAPHD_ZE_TEST_INIT_FAIL",        "GRAPHD_ZE_TEST_HANG_MS",
         "GRAPHD_ZE_TEST_API_VERSION",      "GRAPHD_ZE_TEST_DIRTY_ALLOC",
         "GRAPHD_ZE_TEST_FREE_LOG",         "ZES_ENABLE_SYSMAN",
+        "GRAPHD_ZE_TEST_NO_EVENT_IPC",
     };
     for (size_t i = 0; i < sizeof(clear) / sizeof(clear[0]); i++)
         unsetenv(clear[i]);
@@ -1099,6 +1433,11 @@ int main(int argc, char **argv)
     self_exe[n] = '\0';
     if (argc >= 4 && strcmp(argv[1], "--role") == 0 && strcmp(argv[2], "tenant") == 0)
         return tenant_main(argv[3]);
+    if (argc >= 5 && strcmp(argv[1], "--role") == 0 && strcmp(argv[2], "events") == 0)
+        return events_main(argv[3], atoi(argv[4]));
+    if (argc >= 7 && strcmp(argv[1], "--role") == 0 && strcmp(argv[2], "waiter") == 0)
+        return waiter_main(atoi(argv[3]), argv[4], (unsigned)atoi(argv[5]),
+                           (unsigned)atoi(argv[6]));
     if (getenv("XPU_TEST_SUITE") == NULL)
         return run_modes();
     return run_suite();

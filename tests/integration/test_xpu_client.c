@@ -175,21 +175,81 @@ static void region_roundtrip_xpu1(void **state)
     stop(&f);
 }
 
-/* graphd_region_map by id cannot tell an xpu region's device: a clear error, nothing mapped. */
-static void map_by_id_names_what_to_use(void **state)
+/* graphd_region_map by id of an xpu region: the MAP reply names its device (here xpu:1, not the
+ * default), so the region opens there: a second mapping of the same memory in this process. */
+static void map_by_id_of_xpu_region(void **state)
 {
     (void)state;
     fixture_t f;
     start(&f, "map", 0);
     graphd_pool_t info;
-    assert_int_equal(graphd_pool_create(f.c, "xp", "xpu:0", 0, &info), GRAPHD_OK);
+    assert_int_equal(graphd_pool_create(f.c, "xp", "xpu:1", 0, &info), GRAPHD_OK);
     graphd_region_t *r = NULL, *again = NULL;
     assert_int_equal(graphd_region_alloc_device(f.c, "xp", 4096, &r), GRAPHD_OK);
-    assert_int_equal(graphd_region_map(f.c, graphd_region_id(r), &again), GRAPHD_EPROTO);
-    assert_null(again);
-    assert_non_null(strstr(graphd_last_error(f.c), "graphd_region_alloc_device"));
+    uint8_t pat[4096], buf[4096];
+    for (size_t i = 0; i < sizeof(pat); i++)
+        pat[i] = (uint8_t)(i * 7 + 3);
+    assert_int_equal(graphd_region_write(r, 0, pat, sizeof(pat)), GRAPHD_OK);
+    int rc = graphd_region_map(f.c, graphd_region_id(r), &again);
+    if (rc != GRAPHD_OK)
+        fail_msg("graphd_region_map of an xpu:1 region: %s: %s", graphd_err_name(rc),
+                 graphd_last_error(f.c));
+    assert_int_equal(graphd_region_is_device(again), 1);
+    assert_int_equal(graphd_region_size(again), 4096);
+    assert_int_equal(graphd_region_read(again, 0, buf, sizeof(buf)), GRAPHD_OK);
+    assert_memory_equal(buf, pat, sizeof(buf));
+    memset(pat, 0x3c, 16);
+    assert_int_equal(graphd_region_write(again, 0, pat, 16), GRAPHD_OK);
+    assert_int_equal(graphd_region_read(r, 0, buf, 16), GRAPHD_OK);
+    assert_memory_equal(buf, pat, 16);
+    graphd_region_release(again);
     assert_int_equal(graphd_region_free(f.c, r), GRAPHD_OK);
+    expect_freed(&f, "free 1 4096 3c3c3c3c3c3c3c3c3c3c3c3c3c3c3c3c");
     expect_pool_empty(f.c, "xp");
+    stop(&f);
+}
+
+/* graphd_events_*: the session's event pool on xpu:0, opened here; signal, query, reset and
+ * wait; the refusals; and graphd_goodbye has the daemon signal every event. */
+static void events_through_libgraphd(void **state)
+{
+    (void)state;
+    fixture_t f;
+    start(&f, "ev", 0);
+    graphd_client_t *c = harness_client(&f.h, "events");
+    assert_non_null(c);
+    graphd_events_t *e = NULL;
+    assert_int_equal(graphd_events_open(c, "cuda:0", 4, &e), GRAPHD_EUNIMPLEMENTED);
+    assert_non_null(strstr(graphd_last_error(c), "graphd_replay_stream"));
+    assert_int_equal(graphd_events_open(c, "cpu:0", 4, &e), GRAPHD_EINVALID_ARGUMENT);
+    assert_non_null(strstr(graphd_last_error(c), "xpu:0"));
+    assert_int_equal(graphd_events_open(c, "xpu:0", GRAPHD_EVENTS_MAX + 1, &e),
+                     GRAPHD_EINVALID_ARGUMENT);
+    assert_int_equal(graphd_events_open(c, "xpu:9", 4, &e), GRAPHD_ENOT_FOUND);
+    assert_null(e);
+    int rc = graphd_events_open(c, "xpu:0", 4, &e);
+    if (rc != GRAPHD_OK)
+        fail_msg("graphd_events_open: %s: %s", graphd_err_name(rc), graphd_last_error(c));
+    assert_int_equal(graphd_events_count(e), 4);
+    graphd_events_t *twice = NULL;
+    assert_int_equal(graphd_events_open(c, "xpu:0", 4, &twice), GRAPHD_EALREADY_EXISTS);
+    for (unsigned k = 0; k < 4; k++)
+        assert_int_equal(graphd_events_query(e, k), 0);
+    assert_int_equal(graphd_events_signal(e, 3), GRAPHD_OK);
+    assert_int_equal(graphd_events_query(e, 3), 1);
+    assert_int_equal(graphd_events_wait(e, 3, UINT64_MAX), GRAPHD_OK);
+    assert_int_equal(graphd_events_reset(e, 3), GRAPHD_OK);
+    assert_int_equal(graphd_events_wait(e, 3, 1000), GRAPHD_EDEADLINE_EXCEEDED);
+    assert_non_null(strstr(graphd_last_error(c), "not signalled"));
+    assert_int_equal(graphd_events_query(e, 4), GRAPHD_EINVALID_ARGUMENT);
+    assert_non_null(strstr(graphd_last_error(c), "event 4"));
+
+    assert_int_equal(graphd_goodbye(c), GRAPHD_OK);
+    graphd_close(c);                 /* e keeps what it needs */
+    for (unsigned k = 0; k < 4; k++) /* 30 s: a guard against a hang, not a measure */
+        assert_int_equal(graphd_events_wait(e, k, 30ull * 1000000000ull), GRAPHD_OK);
+    graphd_events_release(e);
+    graphd_events_release(NULL);
     stop(&f);
 }
 
@@ -387,7 +447,8 @@ static int run_suite(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(region_roundtrip_xpu0),
         cmocka_unit_test(region_roundtrip_xpu1),
-        cmocka_unit_test(map_by_id_names_what_to_use),
+        cmocka_unit_test(map_by_id_of_xpu_region),
+        cmocka_unit_test(events_through_libgraphd),
         cmocka_unit_test(reclaimed_on_goodbye),
         cmocka_unit_test(reclaimed_on_sigkill),
         cmocka_unit_test(graphctl_shows_telemetry),

@@ -581,6 +581,51 @@ static void test_default_paths(void **state)
     gr_sandbox_paths_free(&o);
 }
 
+static int has(const char *const *list, size_t n, const char *path)
+{
+    for (size_t i = 0; i < n; i++)
+        if (strcmp(list[i], path) == 0)
+            return 1;
+    return 0;
+}
+
+/* The lists come from the device's family row (named by a device as the executor gets it): an
+ * xpu executor gets /dev/dri and nothing of CUDA's; a cuda one CUDA's; a kind with no row is
+ * refused rather than given the CPU's lists. */
+static void test_default_paths_by_family(void **state)
+{
+    (void)state;
+    gr_sandbox_opts_t o;
+    assert_int_equal(gr_sandbox_default_paths("xpu:0", &o), 0);
+    assert_true(has(o.rw_paths, o.n_rw, "/dev/dri"));
+    assert_true(has(o.rw_paths, o.n_rw, "/dev/null"));
+    assert_false(has(o.rw_paths, o.n_rw, "/proc/self/task"));
+    assert_false(has(o.read_paths, o.n_read, "/proc/driver/nvidia"));
+    for (size_t i = 0; i < o.n_rw; i++)
+        assert_null(strstr(o.rw_paths[i], "nvidia"));
+    assert_false(o.allow_unix_sockets);
+    assert_int_equal(o.n_tmp, 0);
+    gr_sandbox_paths_free(&o);
+
+    assert_int_equal(gr_sandbox_default_paths("cuda:1", &o), 0);
+    assert_true(has(o.read_paths, o.n_read, "/proc/driver/nvidia"));
+    assert_true(has(o.rw_paths, o.n_rw, "/proc/self/task"));
+    assert_false(has(o.rw_paths, o.n_rw, "/dev/dri"));
+    assert_true(o.allow_unix_sockets);
+    assert_int_equal(o.n_tmp, 1);
+    gr_sandbox_paths_free(&o);
+
+    assert_int_equal(gr_sandbox_default_paths("cpu:0", &o), 0);
+    assert_int_equal(o.n_rw, 1);
+    assert_string_equal(o.rw_paths[0], "/dev/null");
+    assert_false(o.allow_unix_sockets);
+    gr_sandbox_paths_free(&o);
+
+    assert_int_equal(gr_sandbox_default_paths("cudax:0", &o), -1);
+    assert_int_equal(errno, EINVAL);
+    assert_int_equal(gr_sandbox_default_paths(NULL, &o), -1);
+}
+
 /* ---- libtorch after entering ------------------------------------------------------------ */
 
 static int count_threads(void)
@@ -697,6 +742,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_default_paths),
+        cmocka_unit_test(test_default_paths_by_family),
         cmocka_unit_test(test_read_only_allowed_paths),
         cmocka_unit_test(test_nothing_writable),
         cmocka_unit_test(test_no_exec_no_fork_threads_work),

@@ -171,6 +171,7 @@ typedef struct {
     long fail_alloc_after;
     long lost_after;
     bool no_ipc;
+    bool no_event_ipc; /* GRAPHD_ZE_TEST_NO_EVENT_IPC: memory IPC only, no event-pool IPC */
     bool no_sysman;
     bool init_fail;
     long hang_ms;
@@ -256,6 +257,7 @@ static void cfg_load(void)
     c->devices = (unsigned)devices;
     c->mem_bytes = (uint64_t)mem_mb << 20;
     c->no_ipc = knob_flag("GRAPHD_ZE_TEST_NO_IPC");
+    c->no_event_ipc = knob_flag("GRAPHD_ZE_TEST_NO_EVENT_IPC");
     c->no_sysman = knob_flag("GRAPHD_ZE_TEST_NO_SYSMAN");
     c->init_fail = knob_flag("GRAPHD_ZE_TEST_INIT_FAIL");
     c->api_version = (ze_api_version_t)ZE_MAKE_VERSION(major, minor);
@@ -552,7 +554,9 @@ static ze_result_t driver_ipc_properties(ze_driver_handle_t h, ze_driver_ipc_pro
         return r;
     if (p == NULL)
         return ZE_RESULT_ERROR_INVALID_NULL_POINTER;
-    p->flags = g.cfg.no_ipc ? 0 : (ZE_IPC_PROPERTY_FLAG_MEMORY | ZE_IPC_PROPERTY_FLAG_EVENT_POOL);
+    p->flags = g.cfg.no_ipc ? 0 : ZE_IPC_PROPERTY_FLAG_MEMORY;
+    if (!g.cfg.no_ipc && !g.cfg.no_event_ipc)
+        p->flags |= ZE_IPC_PROPERTY_FLAG_EVENT_POOL;
     return ZE_RESULT_SUCCESS;
 }
 
@@ -1397,7 +1401,7 @@ static ze_result_t pool_get_ipc(ze_event_pool_handle_t h, ze_ipc_event_pool_hand
         return r;
     if (out == NULL)
         return ZE_RESULT_ERROR_INVALID_NULL_POINTER;
-    if (g.cfg.no_ipc)
+    if (g.cfg.no_ipc || g.cfg.no_event_ipc)
         return ZE_RESULT_ERROR_UNSUPPORTED_FEATURE;
     if (!(p->flags & ZE_EVENT_POOL_FLAG_IPC) || p->imported)
         return ZE_RESULT_ERROR_INVALID_ARGUMENT; /* made without ZE_EVENT_POOL_FLAG_IPC */
@@ -1432,7 +1436,7 @@ static ze_result_t pool_open_ipc(ze_context_handle_t hc, ze_ipc_event_pool_handl
         return r;
     if (ph == NULL)
         return ZE_RESULT_ERROR_INVALID_NULL_POINTER;
-    if (g.cfg.no_ipc)
+    if (g.cfg.no_ipc || g.cfg.no_event_ipc)
         return ZE_RESULT_ERROR_UNSUPPORTED_FEATURE;
     if ((r = device_call()) != ZE_RESULT_SUCCESS)
         return r;
