@@ -206,6 +206,10 @@ $(BUILD)/tests/unit/test_executor: | $(BUILD)/graphd-executor
 $(BUILD)/tests/unit/test_cgroup: | $(BUILD)/graphd-executor
 $(BUILD)/tests/unit/test_ze_layer: | $(ZE_DRV)
 $(BUILD)/tests/unit/test_client_xpu: | $(ZE_DRV)
+# The Level Zero tests share tests/ze_driver/ze_test_util.c (loader modes, roles, fd passing).
+ZE_UTIL := $(BUILD)/obj/tests/ze_driver/ze_test_util.o
+$(BUILD)/tests/unit/test_ze_layer $(BUILD)/tests/unit/test_client_xpu: $(ZE_UTIL)
+$(BUILD)/tests/integration/test_xpu $(BUILD)/tests/integration/test_xpu_client: $(ZE_UTIL)
 
 $(BUILD)/tests/integration/%: $(BUILD)/obj/tests/integration/%.o $(call obj,$(TESTLIB_SRC)) $(SOCLI)
 	@mkdir -p $(dir $@)
@@ -234,9 +238,9 @@ $(ZE_DRV) $(ZE_DRV_BAD): tests/ze_driver/ze_graphd_test.c tests/ze_driver/ze_gra
 	@mkdir -p $(dir $@)
 	$(call say,LINK,$@)$(CC) $(filter-out -MMD -MP,$(ALL_CFLAGS)) -fvisibility=hidden \
 	  $(if $(filter $(ZE_DRV_BAD),$@),-DGZT_OMIT_ZES_TEMPERATURE) -shared $(LDFLAGS_ALL) -o $@ $< -lpthread
-$(ZE_TEST): $(BUILD)/obj/tests/ze_driver/test_ze_loader.o | $(ZE_DRV) $(ZE_DRV_BAD)
+$(ZE_TEST): $(BUILD)/obj/tests/ze_driver/test_ze_loader.o $(ZE_UTIL) | $(ZE_DRV) $(ZE_DRV_BAD)
 	@mkdir -p $(dir $@)
-	$(call say,LINK,$@)$(CC) $(LDFLAGS_ALL) -o $@ $< -lze_loader $(LDLIBS_ALL) -lcmocka
+	$(call say,LINK,$@)$(CC) $(LDFLAGS_ALL) -o $@ $(filter %.o,$^) -lze_loader $(LDLIBS_ALL) -lcmocka
 
 test: deps-check
 	@$(MAKE) --no-print-directory all

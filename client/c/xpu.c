@@ -534,22 +534,25 @@ static int event_fail(graphd_events_t *e, unsigned k, const char *call, ze_resul
         "%s of event %u on xpu:%d: %s (0x%x)", call, k, e->index, result_name(r), (unsigned)r);
 }
 
-int graphd_events_signal(graphd_events_t *e, unsigned k)
+/* A host operation on event k: signal or reset. */
+static int event_op(graphd_events_t *e, unsigned k, const char *fn, const char *call,
+                    ze_result_t(ZE_APICALL *op)(ze_event_handle_t))
 {
-    int rc = event_arg(e, k, "graphd_events_signal");
+    int rc = event_arg(e, k, fn);
     if (rc != GRAPHD_OK)
         return rc;
-    ze_result_t r = ze.event_signal(e->ev[k]);
-    return r == ZE_RESULT_SUCCESS ? GRAPHD_OK : event_fail(e, k, "zeEventHostSignal", r);
+    ze_result_t r = op(e->ev[k]);
+    return r == ZE_RESULT_SUCCESS ? GRAPHD_OK : event_fail(e, k, call, r);
+}
+
+int graphd_events_signal(graphd_events_t *e, unsigned k)
+{
+    return event_op(e, k, "graphd_events_signal", "zeEventHostSignal", ze.event_signal);
 }
 
 int graphd_events_reset(graphd_events_t *e, unsigned k)
 {
-    int rc = event_arg(e, k, "graphd_events_reset");
-    if (rc != GRAPHD_OK)
-        return rc;
-    ze_result_t r = ze.event_reset(e->ev[k]);
-    return r == ZE_RESULT_SUCCESS ? GRAPHD_OK : event_fail(e, k, "zeEventHostReset", r);
+    return event_op(e, k, "graphd_events_reset", "zeEventHostReset", ze.event_reset);
 }
 
 int graphd_events_query(graphd_events_t *e, unsigned k)

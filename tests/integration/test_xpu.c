@@ -33,6 +33,7 @@
 #include "../lib/wire.h"
 #include "runtime.h"
 #include "ze_layer.h"
+#include "../ze_driver/ze_test_util.h"
 
 #define M(name) "/graphd.v1.Graphd/" name
 enum {
@@ -254,18 +255,16 @@ static void recv_frame_fd(int fd, graphd_frame_t *f, uint8_t *msg, size_t n, siz
     *msg_len = f->msg_len;
 }
 
-/* MAP of region id: OK with the handle in *ipc, the fd in *fd and the size in *size, or the
- * error status (msg gets the text). */
-static int map_region(raw_t *s, uint64_t id, gr_ze_ipc_t *ipc, int *fd, uint64_t *size, char *text,
-                      size_t tsize)
+/* The reply (type) to request seq that passes an IPC handle and an fd: OK with the handle in
+ * *ipc, the fd in *fd and the reply's arg in *arg, or the error status (text gets the message). */
+static int ipc_reply(raw_t *s, uint16_t type, uint64_t seq, gr_ze_ipc_t *ipc, int *fd,
+                     uint64_t *arg, char *text, size_t tsize)
 {
-    uint64_t seq = s->seq++;
-    dp_send_frame(s->fd, GRAPHD_FRAME_MAP, seq, id, 0);
     graphd_frame_t f = {0};
     uint8_t msg[GRAPHD_FRAME_MAX_MSG];
     size_t len;
     recv_frame_fd(s->fd, &f, msg, sizeof(msg), &len, fd);
-    assert_int_equal(f.type, GRAPHD_FRAME_MAP | GRAPHD_FRAME_REPLY);
+    assert_int_equal(f.type, type | GRAPHD_FRAME_REPLY);
     assert_int_equal(f.seq, seq);
     if (f.status != OK) {
         snprintf(text, tsize, "%.*s", (int)len, (const char *)msg);
@@ -275,8 +274,18 @@ static int map_region(raw_t *s, uint64_t id, gr_ze_ipc_t *ipc, int *fd, uint64_t
     assert_int_equal(len, GR_ZE_IPC_SIZE);
     memcpy(ipc->data, msg, GR_ZE_IPC_SIZE);
     assert_true(*fd >= 0);
-    *size = f.arg;
+    *arg = f.arg;
     return OK;
+}
+
+/* MAP of region id: OK with the handle in *ipc, the fd in *fd and the size in *size, or the
+ * error status (msg gets the text). */
+static int map_region(raw_t *s, uint64_t id, gr_ze_ipc_t *ipc, int *fd, uint64_t *size, char *text,
+                      size_t tsize)
+{
+    uint64_t seq = s->seq++;
+    dp_send_frame(s->fd, GRAPHD_FRAME_MAP, seq, id, 0);
+    return ipc_reply(s, GRAPHD_FRAME_MAP, seq, ipc, fd, size, text, tsize);
 }
 
 /* An ordering frame (EVENTS carries a 64-byte handle) for device code; returns the status. */
@@ -307,24 +316,13 @@ static int events_frame(raw_t *s, uint64_t code, uint64_t count, gr_ze_ipc_t *ip
 {
     uint64_t seq = s->seq++;
     dp_send_frame(s->fd, GRAPHD_FRAME_EVENTS, seq, code, count);
-    graphd_frame_t f = {0};
-    uint8_t msg[GRAPHD_FRAME_MAX_MSG];
-    size_t len;
-    recv_frame_fd(s->fd, &f, msg, sizeof(msg), &len, fd);
-    assert_int_equal(f.type, GRAPHD_FRAME_EVENTS | GRAPHD_FRAME_REPLY);
-    assert_int_equal(f.seq, seq);
-    assert_int_equal(f.id, code);
-    if (f.status != OK) {
-        snprintf(text, tsize, "%.*s", (int)len, (const char *)msg);
-        assert_int_equal(*fd, -1);
-        return (int)f.status;
+    uint64_t arg = 0;
+    int rc = ipc_reply(s, GRAPHD_FRAME_EVENTS, seq, ipc, fd, &arg, text, tsize);
+    if (rc == OK) {
+        assert_true(arg > 0 && arg <= GR_ZE_EVENTS_MAX);
+        *got = (uint32_t)arg;
     }
-    assert_int_equal(len, GR_ZE_IPC_SIZE);
-    memcpy(ipc->data, msg, GR_ZE_IPC_SIZE);
-    assert_true(*fd >= 0);
-    assert_true(f.arg > 0 && f.arg <= GR_ZE_EVENTS_MAX);
-    *got = (uint32_t)f.arg;
-    return OK;
+    return rc;
 }
 
 /* ---- the daemon ----------------------------------------------------------------------------- */
@@ -808,23 +806,9 @@ static void reclaimed_on_sigkill(void **state)
     assert_int_equal(create_pool(&s, "xp", "xpu:0", 0, NULL, 0), OK);
     int fds0 = daemon_fds(&f);
 
-    int out[2];
-    assert_int_equal(pipe(out), 0);
-    fflush(NULL);
-    pid_t pid = fork();
-    if (pid == 0) {
-        dup2(out[1], 1);
-        char *argv[] = {self_exe, "--role", "tenant", f.h.address, NULL};
-        execv(self_exe, argv);
-        _exit(127);
-    }
-    close(out[1]);
-    char ready[16] = "";
-    struct pollfd p = {.fd = out[0], .events = POLLIN};
-    assert_int_equal(poll(&p, 1, 10000), 1);
-    assert_true(read(out[0], ready, sizeof(ready) - 1) > 0);
-    close(out[0]);
-    assert_non_null(strstr(ready, "ready"));
+    char *argv[] = {self_exe, "--role", "tenant", f.h.address, NULL};
+    pid_t pid = zt_spawn_until(argv, "ready", 10000);
+    assert_true(pid > 0);
     assert_int_equal(pool_figures(&f, "xp").regions, 1);
     assert_true(daemon_fds(&f) > fds0); /* the region's fd, the driver's export */
     kill(pid, SIGKILL);
@@ -1071,19 +1055,7 @@ static void send_pool(int sock, const gr_ze_ipc_t *ipc, uint32_t count, int fd)
     uint8_t buf[GR_ZE_IPC_SIZE + 4];
     memcpy(buf, ipc->data, GR_ZE_IPC_SIZE);
     memcpy(buf + GR_ZE_IPC_SIZE, &count, 4);
-    char control[CMSG_SPACE(sizeof(int))];
-    memset(control, 0, sizeof(control));
-    struct iovec iov = {.iov_base = buf, .iov_len = sizeof(buf)};
-    struct msghdr mh = {.msg_iov = &iov,
-                        .msg_iovlen = 1,
-                        .msg_control = control,
-                        .msg_controllen = sizeof(control)};
-    struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
-    cm->cmsg_level = SOL_SOCKET;
-    cm->cmsg_type = SCM_RIGHTS;
-    cm->cmsg_len = CMSG_LEN(sizeof(int));
-    memcpy(CMSG_DATA(cm), &fd, sizeof(int));
-    assert_int_equal(sendmsg(sock, &mh, 0), (ssize_t)sizeof(buf));
+    assert_int_equal(zt_send_fd(sock, fd, buf, sizeof(buf)), 0);
 }
 
 /* Role "events" (a re-executed child, "client A"): opens a session on the daemon at address,
@@ -1181,20 +1153,8 @@ static void events_released_on_sigkill(void **state)
     /* A's pool, as A sent it */
     uint8_t buf[GR_ZE_IPC_SIZE + 4];
     int fd = -1;
-    {
-        struct pollfd p = {.fd = sv[0], .events = POLLIN};
-        assert_int_equal(poll(&p, 1, 10000), 1);
-        char control[CMSG_SPACE(sizeof(int) * 4)];
-        struct iovec iov = {.iov_base = buf, .iov_len = sizeof(buf)};
-        struct msghdr mh = {.msg_iov = &iov,
-                            .msg_iovlen = 1,
-                            .msg_control = control,
-                            .msg_controllen = sizeof(control)};
-        assert_int_equal(recvmsg(sv[0], &mh, 0), (ssize_t)sizeof(buf)); /* not CLOEXEC */
-        for (struct cmsghdr *cm = CMSG_FIRSTHDR(&mh); cm; cm = CMSG_NXTHDR(&mh, cm))
-            if (cm->cmsg_type == SCM_RIGHTS)
-                memcpy(&fd, CMSG_DATA(cm), sizeof(int));
-    }
+    assert_int_equal(zt_recv_fd(sv[0], &fd, buf, sizeof(buf)), 0);
+    fcntl(fd, F_SETFD, 0); /* the waiter inherits it */
     close(sv[0]);
     assert_true(fd >= 0);
     uint32_t count;
@@ -1206,23 +1166,9 @@ static void events_released_on_sigkill(void **state)
     char hex[2 * GR_ZE_IPC_SIZE + 1], fdarg[16];
     hex_encode(buf, GR_ZE_IPC_SIZE, hex);
     snprintf(fdarg, sizeof(fdarg), "%d", fd);
-    int out[2];
-    assert_int_equal(pipe(out), 0);
-    fflush(NULL);
-    pid_t w = fork();
-    if (w == 0) {
-        dup2(out[1], 1);
-        char *argv[] = {self_exe, "--role", "waiter", fdarg, hex, "8", "5", NULL};
-        execv(self_exe, argv);
-        _exit(127);
-    }
-    close(out[1]);
-    char said[16] = "";
-    struct pollfd p = {.fd = out[0], .events = POLLIN};
-    assert_int_equal(poll(&p, 1, 10000), 1);
-    assert_true(read(out[0], said, sizeof(said) - 1) > 0);
-    close(out[0]);
-    assert_non_null(strstr(said, "waiting"));
+    char *argv[] = {self_exe, "--role", "waiter", fdarg, hex, "8", "5", NULL};
+    pid_t w = zt_spawn_until(argv, "waiting", 10000);
+    assert_true(w > 0);
     gr_ze_ipc_t ipc;
     memcpy(ipc.data, buf, GR_ZE_IPC_SIZE);
     gr_ze_event_pool_t *mine = NULL;
@@ -1376,53 +1322,8 @@ static int run_suite(void)
 
 static int run_modes(void)
 {
-    char dir[PATH_MAX];
-    snprintf(dir, sizeof(dir), "%s", self_exe);
-    char *slash = strrchr(dir, '/');
-    if (slash == NULL)
-        return 2;
-    *slash = '\0';
-    char guess[PATH_MAX + 64];
-    snprintf(guess, sizeof(guess), "%s/../ze_driver/libze_graphd_test.so", dir);
-    if (realpath(guess, driver_path) == NULL) {
-        fprintf(stderr, "test_xpu: no driver at %s (make builds it)\n", guess);
-        return 2;
-    }
-    static const char *const clear[] = {
-        "GRAPHD_ZE_TEST_DEVICES",          "GRAPHD_ZE_TEST_MEM_MB",
-        "GRAPHD_ZE_TEST_FAIL_ALLOC_AFTER", "GRAPHD_ZE_TEST_DEVICE_LOST_AFTER",
-        "GRAPHD_ZE_TEST_NO_IPC",           "GRAPHD_ZE_TEST_NO_SYSMAN",
-        "GRAPHD_ZE_TEST_INIT_FAIL",        "GRAPHD_ZE_TEST_HANG_MS",
-        "GRAPHD_ZE_TEST_API_VERSION",      "GRAPHD_ZE_TEST_DIRTY_ALLOC",
-        "GRAPHD_ZE_TEST_FREE_LOG",         "ZES_ENABLE_SYSMAN",
-        "GRAPHD_ZE_TEST_NO_EVENT_IPC",
-    };
-    for (size_t i = 0; i < sizeof(clear) / sizeof(clear[0]); i++)
-        unsetenv(clear[i]);
-    setenv("ZE_ENABLE_ALT_DRIVERS", driver_path, 1);
-    setenv("GRAPHD_ZE_TEST_DEVICES", "2", 1);
-    int failed = 0;
-    for (int mode = 0; mode < 2; mode++) {
-        fflush(NULL);
-        pid_t pid = fork();
-        if (pid == 0) {
-            setenv("XPU_TEST_SUITE", "1", 1);
-            if (mode)
-                setenv("ZE_ENABLE_LOADER_INTERCEPT", "1", 1);
-            else
-                unsetenv("ZE_ENABLE_LOADER_INTERCEPT");
-            char *argv[] = {self_exe, NULL};
-            execv(self_exe, argv);
-            _exit(127);
-        }
-        int status;
-        if (waitpid(pid, &status, 0) != pid || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-            fprintf(stderr, "test_xpu: the %s mode failed (status 0x%x)\n",
-                    mode ? "intercepting" : "passing-through", status);
-            failed = 1;
-        }
-    }
-    return failed;
+    static const char *const env[] = {"GRAPHD_ZE_TEST_DEVICES=2", NULL};
+    return zt_run_modes(self_exe, "test_xpu", "XPU_TEST_SUITE", env, driver_path);
 }
 
 int main(int argc, char **argv)

@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include "../lib/harness.h"
+#include "../ze_driver/ze_test_util.h"
 
 #define MiB (1024u * 1024u)
 
@@ -309,23 +310,9 @@ static void reclaimed_on_sigkill(void **state)
     start(&f, "kill", 0);
     graphd_pool_t info;
     assert_int_equal(graphd_pool_create(f.c, "xp", "xpu:0", 0, &info), GRAPHD_OK);
-    int out[2];
-    assert_int_equal(pipe(out), 0);
-    fflush(NULL);
-    pid_t pid = fork();
-    if (pid == 0) {
-        dup2(out[1], 1);
-        char *argv[] = {self_exe, "--role", "tenant", f.h.address, NULL};
-        execv(self_exe, argv);
-        _exit(127);
-    }
-    close(out[1]);
-    char ready[16] = "";
-    struct pollfd p = {.fd = out[0], .events = POLLIN};
-    assert_int_equal(poll(&p, 1, 10000), 1);
-    assert_true(read(out[0], ready, sizeof(ready) - 1) > 0);
-    close(out[0]);
-    assert_non_null(strstr(ready, "ready"));
+    char *argv[] = {self_exe, "--role", "tenant", f.h.address, NULL};
+    pid_t pid = zt_spawn_until(argv, "ready", 10000);
+    assert_true(pid > 0);
     graphd_pool_t k = pool_of(f.c, "xp");
     assert_int_equal(k.regions, 1);
     assert_int_equal(k.used_bytes, 65536);
@@ -462,57 +449,8 @@ static int run_suite(void)
 
 static int run_modes(void)
 {
-    char dir[PATH_MAX], driver[PATH_MAX];
-    snprintf(dir, sizeof(dir), "%s", self_exe);
-    char *slash = strrchr(dir, '/');
-    if (slash == NULL)
-        return 2;
-    *slash = '\0';
-    char guess[PATH_MAX + 64];
-    snprintf(guess, sizeof(guess), "%s/../ze_driver/libze_graphd_test.so", dir);
-    if (realpath(guess, driver) == NULL) {
-        fprintf(stderr, "test_xpu_client: no driver at %s (make builds it)\n", guess);
-        return 2;
-    }
-    static const char *const clear[] = {
-        "GRAPHD_ZE_TEST_DEVICES",
-        "GRAPHD_ZE_TEST_MEM_MB",
-        "GRAPHD_ZE_TEST_FAIL_ALLOC_AFTER",
-        "GRAPHD_ZE_TEST_DEVICE_LOST_AFTER",
-        "GRAPHD_ZE_TEST_NO_IPC",
-        "GRAPHD_ZE_TEST_NO_SYSMAN",
-        "GRAPHD_ZE_TEST_INIT_FAIL",
-        "GRAPHD_ZE_TEST_DIRTY_ALLOC",
-        "GRAPHD_ZE_TEST_FREE_LOG",
-        "GRAPHD_ZE_LOADER",
-        "ZE_AFFINITY_MASK",
-    };
-    for (size_t i = 0; i < sizeof(clear) / sizeof(clear[0]); i++)
-        unsetenv(clear[i]);
-    setenv("ZE_ENABLE_ALT_DRIVERS", driver, 1);
-    setenv("GRAPHD_ZE_TEST_DEVICES", "2", 1);
-    int failed = 0;
-    for (int mode = 0; mode < 2; mode++) {
-        fflush(NULL);
-        pid_t pid = fork();
-        if (pid == 0) {
-            setenv("XPUC_TEST_SUITE", "1", 1);
-            if (mode)
-                setenv("ZE_ENABLE_LOADER_INTERCEPT", "1", 1);
-            else
-                unsetenv("ZE_ENABLE_LOADER_INTERCEPT");
-            char *argv[] = {self_exe, NULL};
-            execv(self_exe, argv);
-            _exit(127);
-        }
-        int status;
-        if (waitpid(pid, &status, 0) != pid || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-            fprintf(stderr, "test_xpu_client: the %s mode failed (status 0x%x)\n",
-                    mode ? "intercepting" : "passing-through", status);
-            failed = 1;
-        }
-    }
-    return failed;
+    static const char *const env[] = {"GRAPHD_ZE_TEST_DEVICES=2", NULL};
+    return zt_run_modes(self_exe, "test_xpu_client", "XPUC_TEST_SUITE", env, NULL);
 }
 
 int main(int argc, char **argv)

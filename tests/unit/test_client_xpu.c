@@ -29,6 +29,7 @@
 #include "graphd_int.h"
 #include "runtime.h"
 #include "ze_layer.h"
+#include "../ze_driver/ze_test_util.h"
 
 #define SIZE (64u * 1024u)
 #define FILL 0x5a
@@ -51,36 +52,6 @@ static int count_fds(void)
         n++;
     closedir(d);
     return n;
-}
-
-static int send_fd(int sock, int fd, const msg_t *m)
-{
-    char ctl[CMSG_SPACE(sizeof(int))];
-    memset(ctl, 0, sizeof(ctl));
-    struct iovec iov = {.iov_base = (void *)m, .iov_len = sizeof(*m)};
-    struct msghdr msg = {
-        .msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl, .msg_controllen = sizeof(ctl)};
-    struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int));
-    memcpy(CMSG_DATA(c), &fd, sizeof(int));
-    return sendmsg(sock, &msg, 0) == (ssize_t)sizeof(*m) ? 0 : -1;
-}
-
-static int recv_fd(int sock, int *fd, msg_t *m)
-{
-    char ctl[CMSG_SPACE(sizeof(int))];
-    struct iovec iov = {.iov_base = m, .iov_len = sizeof(*m)};
-    struct msghdr msg = {
-        .msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl, .msg_controllen = sizeof(ctl)};
-    if (recvmsg(sock, &msg, MSG_CMSG_CLOEXEC | MSG_WAITALL) != (ssize_t)sizeof(*m))
-        return -1;
-    struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
-    if (c == NULL || c->cmsg_type != SCM_RIGHTS)
-        return -1;
-    memcpy(fd, CMSG_DATA(c), sizeof(int));
-    return 0;
 }
 
 static int read_all(int fd, void *buf, size_t n)
@@ -111,34 +82,7 @@ static int write_all(int fd, const void *buf, size_t n)
  * keep_fd stays open in it. */
 static pid_t spawn_role(const char *role, const char *arg, const char *const *env, int keep_fd)
 {
-    fflush(NULL);
-    pid_t pid = fork();
-    if (pid != 0)
-        return pid;
-    for (size_t i = 0; env != NULL && env[i] != NULL; i++) {
-        const char *eq = strchr(env[i], '=');
-        if (eq == NULL) {
-            unsetenv(env[i]);
-        } else {
-            char name[128];
-            snprintf(name, sizeof(name), "%.*s", (int)(eq - env[i]), env[i]);
-            setenv(name, eq + 1, 1);
-        }
-    }
-    if (keep_fd >= 0)
-        fcntl(keep_fd, F_SETFD, 0);
-    char *argv[] = {self_exe, "--role", (char *)role, (char *)arg, NULL};
-    execv(self_exe, argv);
-    _exit(127);
-}
-
-static int wait_role(pid_t pid)
-{
-    int st;
-    while (waitpid(pid, &st, 0) < 0)
-        if (errno != EINTR)
-            return -1;
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    return zt_spawn_role(self_exe, role, arg, env, keep_fd);
 }
 
 /* The exporter ("DEV,SOCK"): allocates SIZE bytes on xpu:DEV with gr_ze_alloc, fills them with
@@ -160,7 +104,7 @@ static int role_exporter(const char *arg)
         fprintf(stderr, "exporter: %s\n", gr_last_error());
         return 1;
     }
-    if (send_fd(sock, fd, &m) != 0)
+    if (zt_send_fd(sock, fd, &m, sizeof(m)) != 0)
         return 1;
     close(fd);
     static uint8_t buf[SIZE];
@@ -190,9 +134,9 @@ static pid_t start_exporter(unsigned dev, int *sock, int *fd, msg_t *m)
     static const char *const env[] = {"GRAPHD_ZE_TEST_NO_IPC", "GRAPHD_ZE_TEST_INIT_FAIL", NULL};
     pid_t pid = spawn_role("exporter", arg, env, sv[1]);
     close(sv[1]);
-    if (recv_fd(sv[0], fd, m) != 0) {
+    if (zt_recv_fd(sv[0], fd, m, sizeof(*m)) != 0) {
         close(sv[0]);
-        wait_role(pid);
+        zt_wait_role(pid);
         return -1;
     }
     *sock = sv[0];
@@ -203,7 +147,7 @@ static int stop_exporter(pid_t pid, int sock)
 {
     (void)write_all(sock, "q", 1);
     close(sock);
-    return wait_role(pid);
+    return zt_wait_role(pid);
 }
 
 /* A client for the row's messages; no daemon is asked anything. */
@@ -361,21 +305,21 @@ static void driver_without_ipc_names_the_driver(void **state)
 {
     (void)state;
     static const char *const env[] = {"GRAPHD_ZE_TEST_NO_IPC=1", NULL};
-    assert_int_equal(wait_role(spawn_role("no-ipc", NULL, env, -1)), 0);
+    assert_int_equal(zt_wait_role(spawn_role("no-ipc", NULL, env, -1)), 0);
 }
 
 static void missing_loader_names_the_package(void **state)
 {
     (void)state;
     static const char *const env[] = {"GRAPHD_ZE_LOADER=/nonexistent/libze_loader.so.1", NULL};
-    assert_int_equal(wait_role(spawn_role("no-loader", NULL, env, -1)), 0);
+    assert_int_equal(zt_wait_role(spawn_role("no-loader", NULL, env, -1)), 0);
 }
 
 static void no_driver_says_so(void **state)
 {
     (void)state;
     static const char *const env[] = {"GRAPHD_ZE_TEST_INIT_FAIL=1", NULL};
-    assert_int_equal(wait_role(spawn_role("no-driver", NULL, env, -1)), 0);
+    assert_int_equal(zt_wait_role(spawn_role("no-driver", NULL, env, -1)), 0);
 }
 
 static int run_suite(void)
@@ -396,54 +340,7 @@ static int run_suite(void)
  * environment once). */
 static int run_modes(void)
 {
-    char dir[PATH_MAX];
-    snprintf(dir, sizeof(dir), "%s", self_exe);
-    char *slash = strrchr(dir, '/');
-    if (slash == NULL)
-        return 2;
-    *slash = '\0';
-    char guess[PATH_MAX + 64];
-    snprintf(guess, sizeof(guess), "%s/../ze_driver/libze_graphd_test.so", dir);
-    if (realpath(guess, driver_path) == NULL) {
-        fprintf(stderr, "test_client_xpu: no driver at %s (make builds it)\n", guess);
-        return 2;
-    }
-    static const char *const clear[] = {
-        "GRAPHD_ZE_TEST_DEVICES",
-        "GRAPHD_ZE_TEST_MEM_MB",
-        "GRAPHD_ZE_TEST_FAIL_ALLOC_AFTER",
-        "GRAPHD_ZE_TEST_DEVICE_LOST_AFTER",
-        "GRAPHD_ZE_TEST_NO_IPC",
-        "GRAPHD_ZE_TEST_NO_SYSMAN",
-        "GRAPHD_ZE_TEST_INIT_FAIL",
-        "GRAPHD_ZE_LOADER",
-        "ZE_AFFINITY_MASK",
-    };
-    for (size_t i = 0; i < sizeof(clear) / sizeof(clear[0]); i++)
-        unsetenv(clear[i]);
-    setenv("ZE_ENABLE_ALT_DRIVERS", driver_path, 1);
-    int failed = 0;
-    for (int mode = 0; mode < 2; mode++) {
-        fflush(NULL);
-        pid_t pid = fork();
-        if (pid == 0) {
-            setenv("GZX_SUITE", "1", 1);
-            if (mode)
-                setenv("ZE_ENABLE_LOADER_INTERCEPT", "1", 1);
-            else
-                unsetenv("ZE_ENABLE_LOADER_INTERCEPT");
-            char *argv[] = {self_exe, NULL};
-            execv(self_exe, argv);
-            _exit(127);
-        }
-        int rc = wait_role(pid);
-        if (rc != 0) {
-            fprintf(stderr, "test_client_xpu: %s mode failed (status %d)\n",
-                    mode ? "intercept" : "direct", rc);
-            failed = 1;
-        }
-    }
-    return failed;
+    return zt_run_modes(self_exe, "test_client_xpu", "GZX_SUITE", NULL, driver_path);
 }
 
 int main(int argc, char **argv)

@@ -31,6 +31,7 @@
 
 #include "runtime.h"
 #include "ze_layer.h"
+#include "../ze_driver/ze_test_util.h"
 
 #define MiB (1024u * 1024u)
 #define SEC_NS 1000000000ull
@@ -75,76 +76,18 @@ typedef struct {
     uint64_t size;
 } msg_t;
 
-static int send_fd(int sock, int fd, const msg_t *m)
-{
-    char ctl[CMSG_SPACE(sizeof(int))];
-    memset(ctl, 0, sizeof(ctl));
-    struct iovec iov = {.iov_base = (void *)m, .iov_len = sizeof(*m)};
-    struct msghdr msg = {
-        .msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl, .msg_controllen = sizeof(ctl)};
-    struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int));
-    memcpy(CMSG_DATA(c), &fd, sizeof(int));
-    return sendmsg(sock, &msg, 0) == (ssize_t)sizeof(*m) ? 0 : -1;
-}
-
-static int recv_fd(int sock, int *fd, msg_t *m)
-{
-    char ctl[CMSG_SPACE(sizeof(int))];
-    struct iovec iov = {.iov_base = m, .iov_len = sizeof(*m)};
-    struct msghdr msg = {
-        .msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl, .msg_controllen = sizeof(ctl)};
-    if (recvmsg(sock, &msg, MSG_CMSG_CLOEXEC) != (ssize_t)sizeof(*m))
-        return -1;
-    struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
-    if (c == NULL || c->cmsg_type != SCM_RIGHTS)
-        return -1;
-    memcpy(fd, CMSG_DATA(c), sizeof(int));
-    return 0;
-}
-
 /* ---- running roles ------------------------------------------------------------------------ */
 
 /* Starts this binary as role `role` (arg may be NULL); env holds "NAME=value" to set and "NAME"
  * to unset; keep_fd stays open in the child (-1: none). Returns the pid. */
 static pid_t spawn_role(const char *role, const char *arg, const char *const *env, int keep_fd)
 {
-    fflush(NULL);
-    pid_t pid = fork();
-    if (pid != 0)
-        return pid;
-    for (size_t i = 0; env != NULL && env[i] != NULL; i++) {
-        const char *eq = strchr(env[i], '=');
-        if (eq == NULL) {
-            unsetenv(env[i]);
-        } else {
-            char name[128];
-            snprintf(name, sizeof(name), "%.*s", (int)(eq - env[i]), env[i]);
-            setenv(name, eq + 1, 1);
-        }
-    }
-    if (keep_fd >= 0)
-        fcntl(keep_fd, F_SETFD, 0);
-    char *argv[] = {self_exe, "--role", (char *)role, (char *)arg, NULL};
-    execv(self_exe, argv);
-    _exit(127);
-}
-
-static int wait_role(pid_t pid)
-{
-    int st;
-    while (waitpid(pid, &st, 0) < 0) {
-        if (errno != EINTR)
-            return -1;
-    }
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    return zt_spawn_role(self_exe, role, arg, env, keep_fd);
 }
 
 static int run_role(const char *role, const char *const *env)
 {
-    return wait_role(spawn_role(role, NULL, env, -1));
+    return zt_wait_role(spawn_role(role, NULL, env, -1));
 }
 
 /* ---- the roles ---------------------------------------------------------------------------- */
@@ -356,7 +299,7 @@ static int role_import_child(int sock)
     gr_ze_t *ze = role_open();
     msg_t m;
     int fd = -1;
-    CHECK(recv_fd(sock, &fd, &m) == 0);
+    CHECK(zt_recv_fd(sock, &fd, &m, sizeof(m)) == 0);
     void *p = NULL;
     CHECK(gr_ze_import(ze, 0, &m.ipc, fd, m.size, &p) == 0);
     CHECK(close(fd) == 0); /* the importer owns its fd; the mapping outlives it */
@@ -382,7 +325,7 @@ static int role_event_child(int sock)
     gr_ze_t *ze = role_open();
     msg_t m;
     int fd = -1;
-    CHECK(recv_fd(sock, &fd, &m) == 0);
+    CHECK(zt_recv_fd(sock, &fd, &m, sizeof(m)) == 0);
     gr_ze_event_pool_t *pool = NULL;
     CHECK(gr_ze_event_pool_open(ze, 0, &m.ipc, fd, (uint32_t)m.size, &pool) == 0);
     CHECK(close(fd) == 0);
@@ -566,11 +509,11 @@ static void test_alloc_export_import_across_processes(void **state)
     pid_t pid = spawn_role("import-child", arg, NULL, sv[1]);
     close(sv[1]);
     msg_t m = {.ipc = ipc, .size = MiB};
-    assert_int_equal(send_fd(sv[0], fd, &m), 0);
+    assert_int_equal(zt_send_fd(sv[0], fd, &m, sizeof(m)), 0);
     assert_int_equal(close(fd), 0); /* sent: the importer has its own */
     char done = 0;
     assert_int_equal(read(sv[0], &done, 1), 1);
-    assert_int_equal(wait_role(pid), 0);
+    assert_int_equal(zt_wait_role(pid), 0);
     close(sv[0]);
 
     unsigned char *buf = malloc(MiB);
@@ -739,13 +682,13 @@ static void test_event_pool_across_processes(void **state)
     pid_t pid = spawn_role("event-child", arg, NULL, sv[1]);
     close(sv[1]);
     msg_t m = {.ipc = ipc, .size = 4};
-    assert_int_equal(send_fd(sv[0], fd, &m), 0);
+    assert_int_equal(zt_send_fd(sv[0], fd, &m, sizeof(m)), 0);
     assert_int_equal(close(fd), 0);
     char ready = 0;
     assert_int_equal(read(sv[0], &ready, 1), 1); /* the child is about to wait for ever */
     usleep(20000);
     assert_int_equal(gr_ze_events_signal_all(pool), 0); /* session end: nothing hangs */
-    assert_int_equal(wait_role(pid), 0);
+    assert_int_equal(zt_wait_role(pid), 0);
     close(sv[0]);
     for (uint32_t k = 0; k < 4; k++)
         assert_int_equal(gr_ze_event_query(pool, k), 1);
@@ -813,52 +756,7 @@ static int run_suite(void)
 /* Runs the suite once per loader mode, each in a fresh process; fails if either does. */
 static int run_modes(void)
 {
-    char dir[PATH_MAX];
-    snprintf(dir, sizeof(dir), "%s", self_exe);
-    char *slash = strrchr(dir, '/');
-    if (slash == NULL)
-        return 2;
-    *slash = '\0';
-    char guess[PATH_MAX + 64];
-    snprintf(guess, sizeof(guess), "%s/../ze_driver/libze_graphd_test.so", dir);
-    if (realpath(guess, driver_path) == NULL) {
-        fprintf(stderr, "test_ze_layer: no driver at %s (make builds it)\n", guess);
-        return 2;
-    }
-    static const char *const clear[] = {
-        "GRAPHD_ZE_TEST_DEVICES",          "GRAPHD_ZE_TEST_MEM_MB",
-        "GRAPHD_ZE_TEST_FAIL_ALLOC_AFTER", "GRAPHD_ZE_TEST_DEVICE_LOST_AFTER",
-        "GRAPHD_ZE_TEST_NO_IPC",           "GRAPHD_ZE_TEST_NO_SYSMAN",
-        "GRAPHD_ZE_TEST_INIT_FAIL",        "GRAPHD_ZE_TEST_HANG_MS",
-        "GRAPHD_ZE_TEST_API_VERSION",      "ZE_ENABLE_VALIDATION_LAYER",
-        "ZE_ENABLE_TRACING_LAYER",         "ZES_ENABLE_SYSMAN",
-    };
-    for (size_t i = 0; i < sizeof(clear) / sizeof(clear[0]); i++)
-        unsetenv(clear[i]);
-    setenv("ZE_ENABLE_ALT_DRIVERS", driver_path, 1);
-    setenv("GZL_DRIVER", driver_path, 1);
-    int failed = 0;
-    for (int mode = 0; mode < 2; mode++) {
-        fflush(NULL);
-        pid_t pid = fork();
-        if (pid == 0) {
-            setenv("GZL_SUITE", "1", 1);
-            if (mode)
-                setenv("ZE_ENABLE_LOADER_INTERCEPT", "1", 1);
-            else
-                unsetenv("ZE_ENABLE_LOADER_INTERCEPT");
-            char *argv[] = {self_exe, NULL};
-            execv(self_exe, argv);
-            _exit(127);
-        }
-        int rc = wait_role(pid);
-        if (rc != 0) {
-            fprintf(stderr, "test_ze_layer: %s mode failed (status %d)\n",
-                    mode ? "intercept" : "direct", rc);
-            failed = 1;
-        }
-    }
-    return failed;
+    return zt_run_modes(self_exe, "test_ze_layer", "GZL_SUITE", NULL, driver_path);
 }
 
 int main(int argc, char **argv)
@@ -867,7 +765,7 @@ int main(int argc, char **argv)
     if (n <= 0)
         return 2;
     self_exe[n] = '\0';
-    const char *drv = getenv("GZL_DRIVER");
+    const char *drv = getenv("ZT_DRIVER");
     if (drv != NULL)
         snprintf(driver_path, sizeof(driver_path), "%s", drv);
     if (argc >= 3 && strcmp(argv[1], "--role") == 0)

@@ -34,6 +34,7 @@
 #include <level_zero/loader/ze_loader.h>
 
 #include "ze_graphd_test.h"
+#include "ze_test_util.h"
 
 #define MiB (1024u * 1024u)
 #define SEC_NS 1000000000ull
@@ -88,37 +89,6 @@ static uint64_t now_ns(void)
     return (uint64_t)ts.tv_sec * SEC_NS + (uint64_t)ts.tv_nsec;
 }
 
-/* Sends len bytes and, with SCM_RIGHTS, fd. */
-static int send_fd(int sock, int fd, const void *data, size_t len)
-{
-    char ctl[CMSG_SPACE(sizeof(int))];
-    memset(ctl, 0, sizeof(ctl));
-    struct iovec iov = {.iov_base = (void *)data, .iov_len = len};
-    struct msghdr msg = {
-        .msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl, .msg_controllen = sizeof(ctl)};
-    struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int));
-    memcpy(CMSG_DATA(c), &fd, sizeof(int));
-    return sendmsg(sock, &msg, 0) == (ssize_t)len ? 0 : -1;
-}
-
-static int recv_fd(int sock, int *fd, void *data, size_t len)
-{
-    char ctl[CMSG_SPACE(sizeof(int))];
-    struct iovec iov = {.iov_base = data, .iov_len = len};
-    struct msghdr msg = {
-        .msg_iov = &iov, .msg_iovlen = 1, .msg_control = ctl, .msg_controllen = sizeof(ctl)};
-    if (recvmsg(sock, &msg, MSG_CMSG_CLOEXEC) != (ssize_t)len)
-        return -1;
-    struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
-    if (c == NULL || c->cmsg_type != SCM_RIGHTS)
-        return -1;
-    memcpy(fd, CMSG_DATA(c), sizeof(int));
-    return 0;
-}
-
 static void put_fd_in_handle(void *handle_data, int fd)
 {
     gzt_ipc_handle_t h;
@@ -157,16 +127,7 @@ static pid_t spawn_role(const char *role, const char *arg, const char *const *en
     pid_t pid = fork();
     if (pid != 0)
         return pid;
-    for (size_t i = 0; env != NULL && env[i] != NULL; i++) {
-        const char *eq = strchr(env[i], '=');
-        if (eq == NULL) {
-            unsetenv(env[i]);
-        } else {
-            char name[128];
-            snprintf(name, sizeof(name), "%.*s", (int)(eq - env[i]), env[i]);
-            setenv(name, eq + 1, 1);
-        }
-    }
+    zt_apply_env(env);
     if (keep_fd >= 0)
         fcntl(keep_fd, F_SETFD, 0);
     if (stderr_fd >= 0)
@@ -176,19 +137,9 @@ static pid_t spawn_role(const char *role, const char *arg, const char *const *en
     _exit(127);
 }
 
-static int wait_role(pid_t pid)
-{
-    int st;
-    while (waitpid(pid, &st, 0) < 0) {
-        if (errno != EINTR)
-            return -1;
-    }
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-}
-
 static int run_role(const char *role, const char *const *env)
 {
-    return wait_role(spawn_role(role, NULL, env, -1, -1));
+    return zt_wait_role(spawn_role(role, NULL, env, -1, -1));
 }
 
 /* ---- the roles --------------------------------------------------------------------------------
@@ -223,7 +174,7 @@ static int role_ipc_mem_child(int sock)
     CHECK_R(ze_open(&z), ZE_RESULT_SUCCESS);
     ze_ipc_mem_handle_t h;
     int fd;
-    CHECK(recv_fd(sock, &fd, h.data, sizeof(h.data)) == 0);
+    CHECK(zt_recv_fd(sock, &fd, h.data, sizeof(h.data)) == 0);
     CHECK(handle_fd(h.data) != fd || fd >= 0); /* the exporter's number means nothing here */
     put_fd_in_handle(h.data, fd);
     void *p = NULL;
@@ -255,7 +206,7 @@ static int role_ipc_event_child(int sock)
     CHECK_R(ze_open(&z), ZE_RESULT_SUCCESS);
     ze_ipc_event_pool_handle_t h;
     int fd;
-    CHECK(recv_fd(sock, &fd, h.data, sizeof(h.data)) == 0);
+    CHECK(zt_recv_fd(sock, &fd, h.data, sizeof(h.data)) == 0);
     put_fd_in_handle(h.data, fd);
     ze_event_pool_handle_t pool;
     CHECK_R(zeEventPoolOpenIpcHandle(z.ctx, h, &pool), ZE_RESULT_SUCCESS);
@@ -704,10 +655,10 @@ static void test_ipc_memory_across_processes(void **state)
     snprintf(arg, sizeof(arg), "%d", sv[1]);
     pid_t pid = spawn_role("ipc-mem-child", arg, NULL, sv[1], -1);
     close(sv[1]);
-    assert_int_equal(send_fd(sv[0], fd, h.data, sizeof(h.data)), 0);
+    assert_int_equal(zt_send_fd(sv[0], fd, h.data, sizeof(h.data)), 0);
     char done = 0;
     assert_int_equal(read(sv[0], &done, 1), 1);
-    assert_int_equal(wait_role(pid), 0);
+    assert_int_equal(zt_wait_role(pid), 0);
     close(sv[0]);
     const unsigned char *b = p;
     assert_int_equal(b[0], 0x5A);
@@ -794,13 +745,13 @@ static void test_ipc_event_pool_across_processes(void **state)
     snprintf(arg, sizeof(arg), "%d", sv[1]);
     pid_t pid = spawn_role("ipc-event-child", arg, NULL, sv[1], -1);
     close(sv[1]);
-    assert_int_equal(send_fd(sv[0], handle_fd(h.data), h.data, sizeof(h.data)), 0);
+    assert_int_equal(zt_send_fd(sv[0], handle_fd(h.data), h.data, sizeof(h.data)), 0);
     char ready = 0;
     assert_int_equal(read(sv[0], &ready, 1), 1);
     assert_int_equal(zeEventQueryStatus(ev[0]), ZE_RESULT_NOT_READY);
     assert_int_equal(zeEventHostSignal(ev[0]), ZE_RESULT_SUCCESS);
     assert_int_equal(zeEventHostSynchronize(ev[1], 10 * SEC_NS), ZE_RESULT_SUCCESS);
-    assert_int_equal(wait_role(pid), 0);
+    assert_int_equal(zt_wait_role(pid), 0);
     close(sv[0]);
     assert_int_equal(zeEventHostSynchronize(ev[2], 0), ZE_RESULT_NOT_READY);
     assert_int_equal(zeEventHostReset(ev[1]), ZE_RESULT_SUCCESS);
@@ -1038,7 +989,7 @@ static void test_knob_init_fails_and_bad_values(void **state)
     FILE *err = tmpfile();
     assert_non_null(err);
     const char *bad[] = {"GRAPHD_ZE_TEST_DEVICES=lots", NULL};
-    assert_int_equal(wait_role(spawn_role("init-fails", NULL, bad, -1, fileno(err))), 0);
+    assert_int_equal(zt_wait_role(spawn_role("init-fails", NULL, bad, -1, fileno(err))), 0);
     char buf[512] = {0};
     rewind(err);
     size_t got = fread(buf, 1, sizeof(buf) - 1, err);
@@ -1178,58 +1129,8 @@ static int run_suite(void)
 /* Runs the suite once per loader mode, each in a fresh process; fails if either does. */
 static int run_modes(void)
 {
-    char dir[PATH_MAX];
-    snprintf(dir, sizeof(dir), "%s", self_exe);
-    char *slash = strrchr(dir, '/');
-    if (slash == NULL)
-        return 2;
-    *slash = '\0';
-    char guess[PATH_MAX + 64];
-    snprintf(guess, sizeof(guess), "%s/../ze_driver/libze_graphd_test.so", dir);
-    if (realpath(guess, driver_path) == NULL) {
-        fprintf(stderr, "test_ze_loader: no driver at %s (make builds it)\n", guess);
-        return 2;
-    }
-    static const char *const knobs[] = {
-        "GRAPHD_ZE_TEST_DEVICES",          "GRAPHD_ZE_TEST_MEM_MB",
-        "GRAPHD_ZE_TEST_FAIL_ALLOC_AFTER", "GRAPHD_ZE_TEST_DEVICE_LOST_AFTER",
-        "GRAPHD_ZE_TEST_NO_IPC",           "GRAPHD_ZE_TEST_NO_SYSMAN",
-        "GRAPHD_ZE_TEST_INIT_FAIL",        "GRAPHD_ZE_TEST_HANG_MS",
-        "GRAPHD_ZE_TEST_API_VERSION",      "ZE_ENABLE_VALIDATION_LAYER",
-        "ZE_ENABLE_TRACING_LAYER",
-    };
-    for (size_t i = 0; i < sizeof(knobs) / sizeof(knobs[0]); i++)
-        unsetenv(knobs[i]);
-    setenv("ZE_ENABLE_ALT_DRIVERS", driver_path, 1);
-    setenv("ZES_ENABLE_SYSMAN", "1", 1);
-    setenv("GZT_DRIVER", driver_path, 1);
-    int failed = 0;
-    for (int mode = 0; mode < 2; mode++) {
-        const char *env[] = {"GZT_SUITE=1",
-                             mode ? "ZE_ENABLE_LOADER_INTERCEPT=1" : "ZE_ENABLE_LOADER_INTERCEPT",
-                             NULL};
-        fflush(NULL);
-        pid_t pid = fork();
-        if (pid == 0) {
-            for (int i = 0; env[i] != NULL; i++) {
-                const char *eq = strchr(env[i], '=');
-                if (eq == NULL)
-                    unsetenv(env[i]);
-                else
-                    putenv((char *)env[i]);
-            }
-            char *argv[] = {self_exe, NULL};
-            execv(self_exe, argv);
-            _exit(127);
-        }
-        int rc = wait_role(pid);
-        if (rc != 0) {
-            fprintf(stderr, "test_ze_loader: %s mode failed (status %d)\n",
-                    mode ? "intercept" : "direct", rc);
-            failed = 1;
-        }
-    }
-    return failed;
+    static const char *const env[] = {"ZES_ENABLE_SYSMAN=1", NULL};
+    return zt_run_modes(self_exe, "test_ze_loader", "GZT_SUITE", env, driver_path);
 }
 
 int main(int argc, char **argv)
@@ -1238,7 +1139,7 @@ int main(int argc, char **argv)
     if (n <= 0)
         return 2;
     self_exe[n] = '\0';
-    const char *drv = getenv("GZT_DRIVER");
+    const char *drv = getenv("ZT_DRIVER");
     if (drv != NULL)
         snprintf(driver_path, sizeof(driver_path), "%s", drv);
     if (argc >= 3 && strcmp(argv[1], "--role") == 0)

@@ -149,6 +149,14 @@ _PROTOS = {
     "graphd_region_mapped_size": (_c.c_uint64, [_P]),
     "graphd_region_write": (_c.c_int, [_P, _c.c_uint64, _c.c_void_p, _c.c_size_t]),
     "graphd_region_read": (_c.c_int, [_P, _c.c_uint64, _c.c_void_p, _c.c_size_t]),
+    # a session's xpu event pool: handles are graphd_events_t *
+    "graphd_events_open": (_c.c_int, [_P, _c.c_char_p, _c.c_uint, _c.POINTER(_P)]),
+    "graphd_events_count": (_c.c_uint, [_P]),
+    "graphd_events_signal": (_c.c_int, [_P, _c.c_uint]),
+    "graphd_events_reset": (_c.c_int, [_P, _c.c_uint]),
+    "graphd_events_query": (_c.c_int, [_P, _c.c_uint]),
+    "graphd_events_wait": (_c.c_int, [_P, _c.c_uint, _c.c_uint64]),
+    "graphd_events_release": (None, [_P]),
 }
 
 _lock = threading.Lock()
