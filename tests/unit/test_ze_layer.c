@@ -334,7 +334,8 @@ static int role_event_child(int sock)
     CHECK(gr_ze_event_wait(pool, 1, 50000000u) == GR_ETIMEDOUT);
     CHECK(strstr(gr_last_error(), "event 1 not signalled within 50000000 ns") != NULL);
     uint64_t dt = now_ns() - t0;
-    CHECK(dt >= 45000000u && dt < 2 * SEC_NS);
+    /* Not before its time; the upper bound only says it ended (a loaded machine may take long). */
+    CHECK(dt >= 45000000u && dt < 30 * SEC_NS);
     CHECK(gr_ze_event_query(pool, 2) == 0);
     CHECK(write(sock, "r", 1) == 1);
     CHECK(gr_ze_event_wait(pool, 2, 10 * SEC_NS) == 0); /* released by the exporter's signal_all */

@@ -220,7 +220,7 @@ static int role_ipc_event_child(int sock)
     uint64_t t0 = now_ns();
     CHECK_R(zeEventHostSynchronize(ev[2], 50000000u), ZE_RESULT_NOT_READY);
     uint64_t dt = now_ns() - t0;
-    CHECK(dt >= 45000000u && dt < 2 * SEC_NS);
+    CHECK(dt >= 45000000u && dt < 30 * SEC_NS); /* the upper bound: it ended, however loaded */
     CHECK(write(sock, "r", 1) == 1);
     CHECK_R(zeEventHostSynchronize(ev[0], 10 * SEC_NS), ZE_RESULT_SUCCESS);
     CHECK_R(zeEventQueryStatus(ev[0]), ZE_RESULT_SUCCESS);
