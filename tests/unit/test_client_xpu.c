@@ -82,7 +82,7 @@ static int write_all(int fd, const void *buf, size_t n)
  * keep_fd stays open in it. */
 static pid_t spawn_role(const char *role, const char *arg, const char *const *env, int keep_fd)
 {
-    return zt_spawn_role(self_exe, role, arg, env, keep_fd);
+    return zt_spawn_role(self_exe, role, arg, env, keep_fd, -1);
 }
 
 /* The exporter ("DEV,SOCK"): allocates SIZE bytes on xpu:DEV with gr_ze_alloc, fills them with

@@ -82,7 +82,7 @@ typedef struct {
  * to unset; keep_fd stays open in the child (-1: none). Returns the pid. */
 static pid_t spawn_role(const char *role, const char *arg, const char *const *env, int keep_fd)
 {
-    return zt_spawn_role(self_exe, role, arg, env, keep_fd);
+    return zt_spawn_role(self_exe, role, arg, env, keep_fd, -1);
 }
 
 static int run_role(const char *role, const char *const *env)

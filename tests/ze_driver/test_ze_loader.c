@@ -123,18 +123,7 @@ static char driver_path[PATH_MAX];
 static pid_t spawn_role(const char *role, const char *arg, const char *const *env, int keep_fd,
                         int stderr_fd)
 {
-    fflush(NULL);
-    pid_t pid = fork();
-    if (pid != 0)
-        return pid;
-    zt_apply_env(env);
-    if (keep_fd >= 0)
-        fcntl(keep_fd, F_SETFD, 0);
-    if (stderr_fd >= 0)
-        dup2(stderr_fd, 2);
-    char *argv[] = {self_exe, "--role", (char *)role, (char *)arg, NULL};
-    execv(self_exe, argv);
-    _exit(127);
+    return zt_spawn_role(self_exe, role, arg, env, keep_fd, stderr_fd);
 }
 
 static int run_role(const char *role, const char *const *env)

@@ -93,7 +93,7 @@ int zt_run_modes(const char *self_exe, const char *name, const char *suite_env,
 }
 
 pid_t zt_spawn_role(const char *self_exe, const char *role, const char *arg, const char *const *env,
-                    int keep_fd)
+                    int keep_fd, int stderr_fd)
 {
     fflush(NULL);
     pid_t pid = fork();
@@ -102,6 +102,8 @@ pid_t zt_spawn_role(const char *self_exe, const char *role, const char *arg, con
     zt_apply_env(env);
     if (keep_fd >= 0)
         fcntl(keep_fd, F_SETFD, 0);
+    if (stderr_fd >= 0)
+        dup2(stderr_fd, 2);
     char *argv[] = {(char *)self_exe, "--role", (char *)role, (char *)arg, NULL};
     execv(self_exe, argv);
     _exit(127);

@@ -25,9 +25,9 @@ int zt_run_modes(const char *self_exe, const char *name, const char *suite_env,
                  const char *const *env, char *driver);
 
 /* Starts self_exe as "--role role [arg]" (arg may be NULL) with env applied as above; keep_fd
- * (-1: none) stays open in it. The child's pid. */
+ * (-1: none) stays open in it; stderr_fd (-1: none) becomes its stderr. The child's pid. */
 pid_t zt_spawn_role(const char *self_exe, const char *role, const char *arg, const char *const *env,
-                    int keep_fd);
+                    int keep_fd, int stderr_fd);
 /* Applies env ("NAME=value" sets, "NAME" unsets; NULL-terminated, may be NULL) to this process. */
 void zt_apply_env(const char *const *env);
 /* Starts argv[0] with argv, its stdout a pipe read here, and waits up to timeout_ms for what it
