@@ -193,11 +193,13 @@ int graphd_connect(const char *address, graphd_client_t **out)
          .value.string = "libgraphd/" GRAPHD_VERSION},
         /* A client's reconnect backoff is its own, not shared with other clients in-process. */
         {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, .value.integer = 1},
-        /* The daemon is local: retry a restarted one soon rather than after minutes. */
+        /* The daemon is local: retry a restarted one soon rather than after minutes. Not
+         * GRPC_ARG_MIN_RECONNECT_BACKOFF_MS: gRPC takes it as the least time a connection
+         * attempt has to get the server's SETTINGS, and a daemon that systemd starts for this
+         * very connection (graphd.socket) needs longer than a backoff step to answer. */
         {.type = GRPC_ARG_INTEGER,
          .key = GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS,
          .value.integer = 100},
-        {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, .value.integer = 100},
         {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, .value.integer = 2000},
     };
     grpc_channel_args chargs = {.num_args = sizeof(args) / sizeof(args[0]), .args = args};
