@@ -54,6 +54,21 @@ def wait_for(pred, timeout, interval=0.02):
         time.sleep(interval)
 
 
+def wait_answering(proc, address, timeout):
+    """Waits until the daemon proc answers Status at address or has exited; wait_for's value
+    (false: still silent after timeout seconds)."""
+    def answers():
+        if proc.poll() is not None:
+            return True
+        try:
+            with graphd.Client(address) as c:
+                c.status()
+            return True
+        except graphd.GraphdError:
+            return False
+    return wait_for(answers, timeout)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def daemon(tmp_path_factory):
     exe = BUILD / "graphd"
@@ -71,18 +86,7 @@ def daemon(tmp_path_factory):
     traces.mkdir(mode=0o700)
     os.environ["GRAPHD_TRACE_CACHE_DIR"] = str(traces)
     dm = Daemon(proc, address, log)
-
-    def answers():
-        if proc.poll() is not None:
-            return True
-        try:
-            with graphd.Client(address) as c:
-                c.status()
-            return True
-        except graphd.GraphdError:
-            return False
-
-    wait_for(answers, 20)
+    wait_answering(proc, address, 20)
     if proc.poll() is not None:
         pytest.exit("graphd exited with %s:\n%s" % (proc.returncode, dm.log_text()), returncode=2)
     yield dm

@@ -701,7 +701,7 @@ def test_many_processes_capture_and_replay_at_once_against_a_fresh_daemon(tmp_pa
     import subprocess
     import sys
 
-    from conftest import BUILD, wait_for
+    from conftest import BUILD, wait_answering
 
     script = tmp_path / "concurrent_worker.py"
     script.write_text(CONCURRENT_WORKER)
@@ -715,14 +715,8 @@ def test_many_processes_capture_and_replay_at_once_against_a_fresh_daemon(tmp_pa
                                       stdout=out, stderr=subprocess.STDOUT)
         procs = []
         try:
-            def answers():
-                try:
-                    with graphd.Client("unix:%s" % sock) as c:
-                        c.status()
-                    return True
-                except graphd.GraphdError:
-                    return daemon.poll() is not None
-            assert wait_for(answers, 20) and daemon.poll() is None, log.read_text()
+            assert wait_answering(daemon, "unix:%s" % sock, 20) and daemon.poll() is None, \
+                log.read_text()
             env = dict(os.environ, GRAPHD_ADDRESS="unix:%s" % sock)
             procs = [subprocess.Popen([sys.executable, str(script), str(r)], text=True, env=env,
                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE,

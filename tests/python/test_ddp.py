@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import graphd
-from conftest import BUILD, REPO, wait_for
+from conftest import BUILD, REPO, wait_answering, wait_for
 
 HERE = Path(__file__).resolve().parent
 WORKER = HERE / "ddp_worker.py"
@@ -160,18 +160,7 @@ class SecondDaemon:
             self.proc = subprocess.Popen([str(BUILD / "graphd"), "--config", "/dev/null",
                                           "--listen", self.address], stdout=out,
                                          stderr=subprocess.STDOUT)
-
-        def answers():
-            if self.proc.poll() is not None:
-                return True
-            try:
-                with graphd.Client(self.address) as c:
-                    c.status()
-                return True
-            except graphd.GraphdError:
-                return False
-
-        wait_for(answers, 20)
+        wait_answering(self.proc, self.address, 20)
         assert self.proc.poll() is None, self.log.read_text()
 
     def stop(self):

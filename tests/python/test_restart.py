@@ -18,7 +18,7 @@ import sys
 import pytest
 
 import graphd
-from conftest import BUILD, wait_for
+from conftest import BUILD, wait_answering, wait_for
 
 STEPS = 10
 
@@ -121,18 +121,7 @@ class Daemons:
                 [str(BUILD / "graphd"), "--config", "/dev/null", "--listen", self.address,
                  "--cpu-devices", "1"], stdout=out, stderr=subprocess.STDOUT)
         self.log = log
-
-        def answers():
-            if self.proc.poll() is not None:
-                return True
-            try:
-                with graphd.Client(self.address) as c:
-                    c.status()
-                return True
-            except graphd.GraphdError:
-                return False
-
-        wait_for(answers, 30)
+        wait_answering(self.proc, self.address, 30)
         assert self.proc.poll() is None, "graphd exited:\n" + log.read_text()
         return self.proc
 

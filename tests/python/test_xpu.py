@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import graphd
-from conftest import BUILD, wait_for
+from conftest import BUILD, wait_answering, wait_for
 
 DRIVER = (BUILD / "tests" / "ze_driver" / "libze_graphd_test.so").resolve()
 MiB = 1024 * 1024
@@ -42,18 +42,7 @@ def xpu_daemon(tmp_path_factory):
     with open(log, "w") as out:
         proc = subprocess.Popen([str(BUILD / "graphd"), "--config", "/dev/null", "--listen",
                                  address], stdout=out, stderr=subprocess.STDOUT, env=env)
-
-    def answers():
-        if proc.poll() is not None:
-            return True
-        try:
-            with graphd.Client(address) as c:
-                c.status()
-            return True
-        except graphd.GraphdError:
-            return False
-
-    wait_for(answers, 20)
+    wait_answering(proc, address, 20)
     assert proc.poll() is None, log.read_text()
     yield address, free_log
     for k, v in saved.items():  # later tests' daemons start without the driver
