@@ -126,6 +126,13 @@ const gd_setting_t gd_settings[] = {
      "microseconds later, and each sleeping thread takes tens of microseconds to wake (a core "
      "each while a GPU trains; 0 on hosts with fewer than 4 CPUs)",
      NULL},
+    {"executor_cuda_queues", GD_CFG_UINT, FIELD(executor_cuda_queues), "32", 0, 32, false,
+     "hardware queues a CUDA executor asks for (CUDA_DEVICE_MAX_CONNECTIONS, at most 32; 0: "
+     "CUDA's default or the environment's). Each session's replays have a stream of their own, "
+     "and streams sharing a queue run in one order, so a session waiting for its client would "
+     "hold up the others on its queue; under MPS the queues come from the MPS server's shared "
+     "supply, so lower it where training processes then fail to start with 'out of memory'",
+     NULL},
     {"reply_buffer_max_bytes", GD_CFG_BYTES, FIELD(reply_buffer_max_bytes), "1Mi", 4 * KiB, 1 * GiB,
      false,
      "replies a session socket may hold unsent because its client does not read them (beyond "

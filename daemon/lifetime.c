@@ -161,6 +161,7 @@ int gd_graphs_start(gd_daemon_t *d)
         .spin = sysconf(_SC_NPROCESSORS_ONLN) >= 4,
         .replay_spin_us = d->cfg.replay_spin_us,
         .reply_max = d->cfg.reply_buffer_max_bytes,
+        .cuda_queues = d->cfg.executor_cuda_queues,
     };
     if (d->cfg.executor_cgroup && (d->cgroup = gd_cgroup_open(NULL)) == NULL)
         return -1;

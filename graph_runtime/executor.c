@@ -65,8 +65,9 @@ typedef struct exec_args {
     uint64_t call_memory;
     bool no_sandbox;
     bool no_landlock, no_seccomp; /* one layer off, to find which one a device driver needs */
-    uint64_t reply_max; /* a direct connection's unsent answers, in bytes, before it is dropped */
-    uint64_t spin_us;   /* poll, not sleep, this long after a device replay (0: never) */
+    uint64_t reply_max;   /* a direct connection's unsent answers, in bytes, before it is dropped */
+    uint64_t spin_us;     /* poll, not sleep, this long after a device replay (0: never) */
+    uint64_t cuda_queues; /* CUDA_DEVICE_MAX_CONNECTIONS for a cuda device (0: left as it is) */
     const char *read_paths[MAX_PATHS];
     size_t n_read;
     const char *rw_paths[MAX_PATHS];
@@ -2016,7 +2017,7 @@ static void usage(const char *msg, const char *arg)
     fprintf(stderr,
             "usage: graphd-executor --device DEV [--intra-op-threads N] [--cpu-devices N]\n"
             "       [--max-unpacked BYTES] [--call-memory BYTES] [--no-sandbox]\n"
-            "       [--reply-max BYTES] [--spin-us US]\n"
+            "       [--reply-max BYTES] [--spin-us US] [--cuda-queues N]\n"
             "       [--no-landlock] [--no-seccomp]\n"
             "       [--read PATH]... [--rw PATH]... [--tmp DIR]...\n"
             "fd %d is the daemon's channel, fd %d its urgent socket, fd %d (optional) the state\n"
@@ -2055,7 +2056,8 @@ static void parse_args(int argc, char **argv, exec_args_t *a)
         if (strcmp(f, "--device") && strcmp(f, "--intra-op-threads") &&
             strcmp(f, "--cpu-devices") && strcmp(f, "--max-unpacked") &&
             strcmp(f, "--call-memory") && strcmp(f, "--read") && strcmp(f, "--rw") &&
-            strcmp(f, "--tmp") && strcmp(f, "--reply-max") && strcmp(f, "--spin-us"))
+            strcmp(f, "--tmp") && strcmp(f, "--reply-max") && strcmp(f, "--spin-us") &&
+            strcmp(f, "--cuda-queues"))
             usage("unknown flag", f);
         if (i + 1 >= argc)
             usage("missing the value of", f);
@@ -2079,6 +2081,8 @@ static void parse_args(int argc, char **argv, exec_args_t *a)
             a->reply_max = parse_u64(f, v, UINT64_C(1) << 40);
         } else if (strcmp(f, "--spin-us") == 0) {
             a->spin_us = parse_u64(f, v, 1000000);
+        } else if (strcmp(f, "--cuda-queues") == 0) {
+            a->cuda_queues = parse_u64(f, v, 32);
         } else {
             bool rw = strcmp(f, "--rw") == 0, tmp = strcmp(f, "--tmp") == 0;
             size_t *n = rw ? &a->n_rw : tmp ? &a->n_tmp : &a->n_read;
@@ -2122,8 +2126,19 @@ static void map_state(void)
     X.state = p;
 }
 
+/* CUDA maps a context's streams onto CUDA_DEVICE_MAX_CONNECTIONS hardware queues (8 unless set),
+ * and two streams on one queue run in one order: a session's replay stream waiting on its
+ * client's counters would hold up the work of every other stream on that queue. This executor
+ * keeps a stream per session's pool and one per session's counters, so graphd asks for up to 32
+ * queues (executor_cuda_queues), set here before the context exists. */
 static void runtime_setup(const exec_args_t *a)
 {
+    if (a->cuda_queues > 0 && strncmp(a->device, "cuda:", 5) == 0) {
+        char n[24];
+        snprintf(n, sizeof n, "%" PRIu64, a->cuda_queues);
+        if (setenv("CUDA_DEVICE_MAX_CONNECTIONS", n, 1) != 0)
+            fprintf(stderr, "graphd-executor: CUDA_DEVICE_MAX_CONNECTIONS: %s\n", strerror(errno));
+    }
     int rc = gr_runtime_init(a->intra_op_threads);
     if (rc == GR_OK && a->cpu_devices)
         rc = gr_cpu_devices(a->cpu_devices);

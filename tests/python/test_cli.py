@@ -189,3 +189,36 @@ def test_systemd_notify_ready_status_and_watchdog(tmp_path):
     assert "READY=1" in text, got
     assert "STATUS=0 sessions, 0 graphs" in text, got
     assert "WATCHDOG=1" in text, got
+
+
+def test_executor_settings_reach_the_executor(tmp_path):
+    """The executor settings that only an executor uses travel on its command line: here
+    executor_cuda_queues (docs/CUDA.md), which a CUDA executor turns into
+    CUDA_DEVICE_MAX_CONNECTIONS before its context exists (a CPU executor takes and ignores
+    it)."""
+    import signal
+    import sys
+
+    from conftest import wait_answering
+
+    assert settings()["executor_cuda_queues"] == "32"
+    address = "unix:%s" % (tmp_path / "g.sock")
+    child = (  # a session of its own on that daemon, whose capture starts this uid's executor
+        "import torch, graphd\n"
+        "graphd.make_graphed_callables(torch.nn.Linear(4, 2), (torch.randn(3, 4),))\n"
+        "pid = [e['pid'] for e in graphd.default_client().status()['executors']\n"
+        "       if e['device'] == 'cpu:0'][0]\n"
+        "print(open('/proc/%d/cmdline' % pid).read().replace('\\0', ' '))\n")
+    with open(tmp_path / "graphd.log", "w") as err:
+        p = subprocess.Popen([GRAPHD, "--config", "/dev/null", "--listen", address,
+                              "--executor-cuda-queues", "7"], stderr=err)
+    try:
+        assert wait_answering(p, address, 20) and p.poll() is None
+        r = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True,
+                           timeout=120, env=dict(os.environ, GRAPHD_ADDRESS=address))
+    finally:
+        p.send_signal(signal.SIGTERM)
+        p.wait(timeout=30)
+    assert r.returncode == 0, r.stderr
+    argv = r.stdout.split()
+    assert argv[argv.index("--cuda-queues") + 1] == "7", argv
