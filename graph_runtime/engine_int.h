@@ -204,7 +204,7 @@ void run_backward(Callable &c);
 struct Order {
     void *wait = nullptr;
     void *done = nullptr;
-    const gr_seq *seq = nullptr;
+    gr_seq *seq = nullptr; /* the replay updates its chained_* */
     uint64_t n = 0;
 };
 
@@ -228,6 +228,11 @@ struct gr_seq {
     int device; /* the index within the family */
     void *mem;
     void *stream;
+    /* The last posted replay whose "done = n" was queued on a replay stream (chained_n), and
+     * that stream's serial (a family's own numbering; 0: none): the next replay on the same
+     * stream is ordered after it already, and need not wait for done >= n - 1 on the device.
+     * Read and written by the replaying thread only. */
+    uint64_t chained_serial, chained_n;
 };
 
 namespace gr

@@ -42,6 +42,7 @@
 #include "engine_int.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstring>
 #include <map>
@@ -373,10 +374,17 @@ struct CudaPool final : PoolState {
     int index;
     PoolId id;
     c10::cuda::CUDAStream stream;
+    uint64_t serial; /* the stream's, never reused (a new stream may get a freed one's handle) */
     CudaPool(int index_, PoolId id_, cudaStream_t own)
         : index(index_), id(id_),
-          stream(c10::cuda::getStreamFromExternal(own, static_cast<c10::DeviceIndex>(index_)))
+          stream(c10::cuda::getStreamFromExternal(own, static_cast<c10::DeviceIndex>(index_))),
+          serial(next_serial())
     {
+    }
+    static uint64_t next_serial()
+    {
+        static std::atomic<uint64_t> n{0};
+        return ++n;
     }
     ~CudaPool() override
     {
@@ -391,6 +399,7 @@ struct CudaCallable final : FamilyState {
     void *bounce = nullptr;      /* pinned copy of the block where registration failed */
     std::vector<uintptr_t> held; /* pinned page ranges */
     std::optional<c10::cuda::CUDAStream> stream;
+    uint64_t stream_serial = 0; /* CudaPool::serial of stream */
     std::unique_ptr<at::cuda::CUDAGraph> fwd, bwd;
     /* A forward graph with random ops: the generator state its kernels read seed and offset
      * from, and where the client's (seed, offset) are (the RNG_STATE tensor in device memory or
@@ -795,7 +804,7 @@ int cuda_seq_create(int index, const char *device, gr_seq_t **out, uint8_t *hand
         return rc;
     }
     streams().add(index, stream);
-    auto *s = new (std::nothrow) gr_seq_t{&family_cuda(), index, mem, stream};
+    auto *s = new (std::nothrow) gr_seq_t{&family_cuda(), index, mem, stream, 0, 0};
     if (s == nullptr) {
         destroy_stream(index, stream);
         deferred_frees().defer(index, mem);
@@ -1052,6 +1061,7 @@ class CudaFamily final : public Family
         const CudaPool &p = pool_of(pool);
         CudaCallable &st = state_of(c);
         st.stream = p.stream;
+        st.stream_serial = p.serial;
         auto capture = [&] {
             st.fwd = capture_graph(p, [&] {
                 stage(c, st, true, {GR_ROLE_INPUT, GR_ROLE_PARAM, GR_ROLE_BUFFER});
@@ -1135,14 +1145,22 @@ class CudaFamily final : public Family
         c10::cuda::CUDAStreamGuard guard(*st.stream);
         cudaStream_t stream = st.stream->stream();
         if (order != nullptr && order->seq != nullptr) {
-            uint8_t *mem = static_cast<uint8_t *>(order->seq->mem);
+            gr_seq_t &seq = *order->seq;
+            uint8_t *mem = static_cast<uint8_t *>(seq.mem);
+            /* Replay n - 1 queued its "done = n - 1" on this stream: the stream's order is the
+             * wait (one fewer device-side poll and driver call on every step's path). */
+            const bool chained =
+                seq.chained_serial == st.stream_serial && seq.chained_n + 1 == order->n;
             check_cu(stream_wait_geq(stream, mem + GR_SEQ_READY_OFFSET, order->n),
                      "cuStreamWaitValue64 (ready)");
-            check_cu(stream_wait_geq(stream, mem + GR_SEQ_DONE_OFFSET, order->n - 1),
-                     "cuStreamWaitValue64 (done)");
+            if (!chained)
+                check_cu(stream_wait_geq(stream, mem + GR_SEQ_DONE_OFFSET, order->n - 1),
+                         "cuStreamWaitValue64 (done)");
             launch(st, graph, rng, stream);
             check_cu(stream_write(stream, mem + GR_SEQ_DONE_OFFSET, order->n),
                      "cuStreamWriteValue64");
+            seq.chained_serial = st.stream_serial;
+            seq.chained_n = order->n;
             return;
         }
         if (order != nullptr)
