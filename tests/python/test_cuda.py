@@ -4,8 +4,12 @@ parameters to the device and outputs and grads back. Device-resident sessions, w
 and its tensors are on cuda:0 and the static tensors are the daemon's device memory mapped here
 with CUDA IPC. Skipped unless the daemon lists cuda:0 (CI has no GPU; these run on the GPU machine,
 see docs/BENCHMARKS.md)."""
+import contextlib
 import copy
 import ctypes
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -270,8 +274,6 @@ def test_daemon_survives_a_client_dying_with_a_posted_replay(tmp_path):
     run: "illegal memory access" in both, then "MPS server is not ready"), as NVIDIA documents
     for an MPS client's early termination."""
     _need_cuda_here()
-    import subprocess
-    import sys
 
     from conftest import wait_for
 
@@ -359,8 +361,6 @@ print("done ok %g %g" % (got[0], got[-1]), flush=True)
 
 def test_device_resident_two_processes_share_a_pool(tmp_path):
     _need_cuda_here()
-    import subprocess
-    import sys
 
     script = tmp_path / "resident_trainer.py"
     script.write_text(RESIDENT_TRAINER)
@@ -687,6 +687,69 @@ CONCURRENT_PROCS = 16
 CONCURRENT_ROUNDS = 10
 
 
+@contextlib.contextmanager
+def fresh_daemon(tmp_path, tag):
+    """A graphd of its own on a socket in tmp_path (so a fresh executor for this uid and cuda:0),
+    started with this process's environment; yields its address. On the way out it is stopped,
+    and an exit code other than 0 fails the test with the end of its log."""
+    from conftest import BUILD, wait_answering
+
+    sock = tmp_path / ("graphd-%s.sock" % tag)
+    log = tmp_path / ("graphd-%s.log" % tag)
+    address = "unix:%s" % sock
+    with open(log, "w") as out:
+        daemon = subprocess.Popen([str(BUILD / "graphd"), "--config", "/dev/null",
+                                   "--listen", address], stdout=out, stderr=subprocess.STDOUT)
+    try:
+        assert wait_answering(daemon, address, 20) and daemon.poll() is None, log.read_text()
+        yield address
+    finally:
+        daemon.terminate()
+        try:
+            rc = daemon.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            daemon.kill()
+            rc = daemon.wait()
+    assert rc == 0, "graphd (%s) exited with %s: %s" % (tag, rc, log.read_text()[-2000:])
+
+
+def start_workers(script, args, address):
+    """One Python process per element of args running script with it, on the daemon at address,
+    each read until it prints its 'ready' line."""
+    env = dict(os.environ, GRAPHD_ADDRESS=address)
+    procs = [subprocess.Popen([sys.executable, str(script)] + [str(a) for a in arg], text=True,
+                              env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE)
+             for arg in args]
+    try:
+        for arg, p in zip(args, procs):
+            line = p.stdout.readline()
+            if not line.startswith("ready"):
+                try:
+                    p.wait(timeout=10)  # its stderr is whole once it has exited
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
+                raise AssertionError("worker %s printed %r, not ready (exit %s): %s" % (
+                    arg, line, p.returncode, p.stderr.read()[-3000:]))
+    except BaseException:
+        kill_all(procs)
+        raise
+    return procs
+
+
+def tell(p, line):
+    p.stdin.write(line + "\n")
+    p.stdin.flush()
+
+
+def kill_all(procs):
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
 def test_many_processes_capture_and_replay_at_once_against_a_fresh_daemon(tmp_path):
     """A torchrun-like start (issue 18): CONCURRENT_PROCS processes of one uid capture
     device-resident graphs at the same moment against a daemon that has just started (no
@@ -697,54 +760,88 @@ def test_many_processes_capture_and_replay_at_once_against_a_fresh_daemon(tmp_pa
     the whole device, whose streams included other sessions' posted replays waiting for their
     clients' counters."""
     _need_cuda_here()
-    import os
-    import subprocess
-    import sys
-
-    from conftest import BUILD, wait_answering
-
     script = tmp_path / "concurrent_worker.py"
     script.write_text(CONCURRENT_WORKER)
     failures = []
     for rnd in range(CONCURRENT_ROUNDS):
-        sock = tmp_path / ("graphd-%d.sock" % rnd)
-        log = tmp_path / ("graphd-%d.log" % rnd)
-        with open(log, "w") as out:
-            daemon = subprocess.Popen([str(BUILD / "graphd"), "--config", "/dev/null",
-                                       "--listen", "unix:%s" % sock],
-                                      stdout=out, stderr=subprocess.STDOUT)
-        procs = []
-        try:
-            assert wait_answering(daemon, "unix:%s" % sock, 20) and daemon.poll() is None, \
-                log.read_text()
-            env = dict(os.environ, GRAPHD_ADDRESS="unix:%s" % sock)
-            procs = [subprocess.Popen([sys.executable, str(script), str(r)], text=True, env=env,
-                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE)
-                     for r in range(CONCURRENT_PROCS)]
-            for p in procs:
-                line = p.stdout.readline()
-                assert line.startswith("ready"), (line, p.stderr.read() if p.poll() else "")
-            for p in procs:
-                p.stdin.write("go\n")
-                p.stdin.flush()
-            for r, p in enumerate(procs):
-                out, err = p.communicate(timeout=300)
-                if p.returncode != 0 or "done ok" not in out:
-                    failures.append("round %d process %d (exit %s): %s" % (
-                        rnd, r, p.returncode, err.strip().splitlines()[-3:]))
-        finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-                    p.wait()
-            daemon.terminate()
+        with fresh_daemon(tmp_path, str(rnd)) as address:
+            procs = start_workers(script, [[r] for r in range(CONCURRENT_PROCS)], address)
             try:
-                rc = daemon.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                daemon.kill()
-                rc = daemon.wait()
-        if rc != 0:
-            failures.append("round %d: graphd exited with %s: %s" % (
-                rnd, rc, log.read_text()[-2000:]))
+                for p in procs:
+                    tell(p, "go")
+                for r, p in enumerate(procs):
+                    out, err = p.communicate(timeout=300)
+                    if p.returncode != 0 or "done ok" not in out:
+                        failures.append("round %d process %d (exit %s): %s" % (
+                            rnd, r, p.returncode, err.strip().splitlines()[-3:]))
+            finally:
+                kill_all(procs)
     assert not failures, "\n".join(failures)
+
+
+# ---- one session's wait never holds up another's (issue 18)
+
+HELD_WORKER = r'''
+import sys, time
+import torch, torch.nn as nn
+import graphd
+
+role = sys.argv[1]
+m = nn.Linear(64, 64).cuda().requires_grad_(False)
+x = torch.randn(8, 64, device="cuda")
+g = graphd.make_graphed_callables(m, (x.clone(),))
+with torch.no_grad():
+    g(x)
+torch.cuda.synchronize()
+print("ready", flush=True)
+sys.stdin.readline()
+with torch.no_grad():
+    if role == "held":
+        # Seconds of device time before this stream writes its ready counter: the daemon's
+        # stream for this session waits for it all that time.
+        torch.cuda._sleep(int(sys.argv[2]))
+        g(x)
+        print("posted", flush=True)
+    else:
+        for _ in range(20):
+            out = g(x)
+    torch.cuda.synchronize()
+print("done %.6f" % time.clock_gettime(time.CLOCK_MONOTONIC), flush=True)
+'''
+
+HELD_OTHERS = 12  # with the held one, 13 sessions: 27 executor streams, within 32 queues
+HELD_CYCLES = 6_000_000_000  # about three seconds of an H200's clock
+
+
+def test_a_session_waiting_for_its_client_holds_up_no_other_session(tmp_path):
+    """One session's posted replay waits on the device for its client's ready counter, which a
+    long kernel on the client's stream holds back; twelve other sessions of the same uid (so of
+    the same executor) replay meanwhile and must all be done before the held one is. A stream
+    that shares a hardware queue with the held one waits behind it, which is why executors ask
+    for 32 queues (executor_cuda_queues; docs/CUDA.md says what 8 cost on the H200, and why this
+    test has not yet been run with 8)."""
+    _need_cuda_here()
+    script = tmp_path / "held_worker.py"
+    script.write_text(HELD_WORKER)
+    with fresh_daemon(tmp_path, "held") as address:
+        held = start_workers(script, [["held", HELD_CYCLES]], address)  # its streams first
+        others = []
+        try:
+            others = start_workers(script, [["other"]] * HELD_OTHERS, address)
+            tell(held[0], "go")
+            assert held[0].stdout.readline().startswith("posted"), held[0].stderr.read()
+            for p in others:
+                tell(p, "go")
+            ends = []
+            for p in others:
+                out, err = p.communicate(timeout=120)
+                assert p.returncode == 0, err
+                ends.append(float(out.split("done")[1]))
+            out, err = held[0].communicate(timeout=120)
+            assert held[0].returncode == 0, err
+            held_end = float(out.split("done")[1])
+            late = [round(e - held_end, 3) for e in ends if e >= held_end]
+            assert not late, "%d of %d sessions finished after the held one (s after it): %s" % (
+                len(late), HELD_OTHERS, late)
+        finally:
+            kill_all(held + others)
