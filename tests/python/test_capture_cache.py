@@ -3,6 +3,7 @@ with everything the trace depends on (each component changed alone gives another
 instance of the same structure the same one), callables whose trace cannot be keyed traced every
 time, results bit-identical to an uncached capture, and the disk cache: a new process's hit,
 file and directory permissions, corrupt files, and files or directories of another uid."""
+import hashlib
 import json
 import os
 import stat
@@ -376,7 +377,8 @@ def test_a_corrupt_file_is_traced_again_and_replaced(cache):
     assert tc._load(str(d), k) is not None  # written again, whole
 
 
-@pytest.mark.parametrize("how", ["truncated", "garbage", "another key", "empty", "deep spec"])
+@pytest.mark.parametrize("how", ["truncated", "garbage", "another key", "empty", "deep spec",
+                                 "another spec", "format 1"])
 def test_corrupt_files_are_misses(cache, how):
     d, calls = cache
     x = torch.randn(4, 8)
@@ -394,12 +396,21 @@ def test_corrupt_files_are_misses(cache, how):
         f.write_bytes(b"\x00garbage\n" * 10)
     elif how == "empty":
         f.write_bytes(b"")
-    elif how == "deep spec":  # a header whose output spec nests past Python's recursion limit
-        head = json.loads(data[len(tc.MAGIC):data.index(b"\n", len(tc.MAGIC))])
-        n = sys.getrecursionlimit() * 2
-        out = '["t", [' * n + '"x"' + "]]" * n
-        head = json.dumps(dict(head, out="@")).replace('"@"', out).encode()
-        f.write_bytes(tc.MAGIC + head + b"\n" + archive)
+    elif how in ("deep spec", "another spec", "format 1"):
+        rest = data[data.index(b"\n", len(tc.MAGIC)) + 1:]
+        head = json.loads(rest[:rest.index(b"\n")])
+        if how == "deep spec":  # an output spec nesting past Python's recursion limit, digest good
+            n = sys.getrecursionlimit() * 2
+            out = '["t", [' * n + '"x"' + "]]" * n
+            head = json.dumps(dict(head, out="@")).replace('"@"', out).encode()
+            f.write_bytes(tc._file_bytes(head, archive))
+        elif how == "another spec":  # a damaged header that still parses: a 1-tuple output
+            assert head["out"] == "x", head["out"]
+            damaged = json.dumps(dict(head, out=["t", ["x"]])).encode()
+            f.write_bytes(data[:len(data) - len(rest)] + damaged + b"\n" + archive)
+        else:  # format 1: the digest covered the archive alone
+            head = json.dumps(dict(head, sha256=hashlib.sha256(archive).hexdigest())).encode()
+            f.write_bytes(b"graphd-trace 1\n" + head + b"\n" + archive)
     else:
         f.rename(d / ("0" * 64 + ".trace"))
         k = "0" * 64

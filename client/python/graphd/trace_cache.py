@@ -34,8 +34,9 @@ and in GRAPHD_TRACE_CACHE_DIR (default $XDG_CACHE_HOME/graphd/traces, else
 ~/.cache/graphd/traces): one file per key, written 0600 into a 0700 directory that must belong
 to this uid and be closed to others, else it is not used (a warning says what to change). A file
 is used only if it is a regular file of this uid closed to others, carries the key it is named
-by and its archive's SHA-256 matches; anything else is a miss (a corrupt file of ours is
-removed and written again). "memory" keeps them in memory only, "off" traces every time.
+by and the SHA-256 of its header and archive matches; anything else is a miss (a corrupt file
+of ours, or one of an earlier format, is removed and written again). "memory" keeps them in
+memory only, "off" traces every time.
 
 Modules held (register() and release(), around the Capture call): the daemon loads an archive
 once per uid (its executor finds the same bytes by SHA-256), but only while some session holds
@@ -66,7 +67,10 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from . import _lib, tracing
 
-MAGIC = b"graphd-trace 1\n"
+# A cache file: MAGIC, the hex SHA-256 of everything after its line, a line of JSON (key, prefix,
+# output spec, archive size), the archive. Version 1 covered the archive alone, so a damaged header
+# could still parse into another output structure; its files are misses, written again.
+MAGIC = b"graphd-trace 2\n"
 MEMORY_MAX = 256  # archives kept in memory (least recently used dropped)
 MODULES_HELD = 16  # modules a client keeps registered for later captures (see register())
 FILE_MAX = 1 << 30  # a cache file larger than this is not read
@@ -410,13 +414,16 @@ def _load(d, k):
         data = f.read()
     try:
         if not data.startswith(MAGIC):
-            raise ValueError("no header")
+            raise ValueError("no header of this version")
         end = data.index(b"\n", len(MAGIC))
-        head = json.loads(data[len(MAGIC):end].decode())
-        archive = data[end + 1:]
-        if (head["key"] != k or head["size"] != len(archive)
-                or head["sha256"] != hashlib.sha256(archive).hexdigest()):
-            raise ValueError("key, size or digest differ")
+        digest, rest = data[len(MAGIC):end], data[end + 1:]
+        if digest.decode() != hashlib.sha256(rest).hexdigest():
+            raise ValueError("digest differs")
+        end = rest.index(b"\n")
+        head = json.loads(rest[:end].decode())
+        archive = rest[end + 1:]
+        if head["key"] != k or head["size"] != len(archive):
+            raise ValueError("key or size differ")
         return archive, _spec_of(head["out"]), str(head["prefix"])
     except (ValueError, KeyError, TypeError, UnicodeDecodeError, RecursionError):
         stats["corrupt"] += 1
@@ -427,20 +434,25 @@ def _load(d, k):
         return None
 
 
+def _file_bytes(head, archive):
+    """A cache file's bytes for header JSON head (bytes) and archive."""
+    rest = head + b"\n" + archive
+    return MAGIC + hashlib.sha256(rest).hexdigest().encode() + b"\n" + rest
+
+
 def _store(d, k, archive, out_spec, prefix):
     try:
         out = _spec_text(out_spec)
     except ValueError:
         return  # an output structure of another kind: memory only
-    head = json.dumps({"key": k, "prefix": prefix, "out": out, "size": len(archive),
-                       "sha256": hashlib.sha256(archive).hexdigest()}).encode()
+    head = json.dumps({"key": k, "prefix": prefix, "out": out, "size": len(archive)}).encode()
     try:
         fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=d)  # 0600
     except OSError:
         return
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(MAGIC + head + b"\n" + archive)
+            f.write(_file_bytes(head, archive))
         os.replace(tmp, os.path.join(d, k + ".trace"))
     except OSError:
         try:
