@@ -14,8 +14,10 @@
 # at the end).
 # Steps (default: all, in this order): build tests train replay capture share; also profile
 # (bench/step_profile.py), probe (bench/ordering_probe.py), ddp (bench/ddp_gpu.py: issue 17's
-# DDP parity on one GPU) and targets (bench/targets18.py: issue 18's four targets as ratios,
-# about 6 minutes). Each runs under a time limit
+# DDP parity on one GPU), targets (bench/targets18.py: issue 18's four targets as ratios,
+# about 6 minutes) and shareprof (bench/share_profile.py: benchmark 3's mode (c) by hardware
+# queues and polling, with the executor's threads and replays sampled; SHAREPROF_ARGS adds
+# arguments, e.g. "--rounds 3"). Each runs under a time limit
 # (timeout(1)); a step that fails does not stop the later ones, except the build.
 set -u
 out=${1:?usage: bench/run_gpu.sh OUTDIR [STEP...]}
@@ -122,6 +124,12 @@ for step in $steps; do
             unset GRAPHD_ADDRESS
             run targets 600 "$PY" bench/targets18.py --graphd build/graphd \
                 --targets "${TARGETS:-1,2,3,4}" --json "$out/targets18.json"
+        ) ;;
+    shareprof) # issue 18's profile of benchmark 3 (fresh daemons of its own)
+        (
+            unset GRAPHD_ADDRESS
+            run shareprof 590 "$PY" bench/share_profile.py --graphd build/graphd \
+                --json "$out/share_profile.json" ${SHAREPROF_ARGS:-}
         ) ;;
     probe) # ordering between two processes: IPC events, stream memory operations
         run probe 120 "$PY" bench/ordering_probe.py --iters 3000 ;;

@@ -493,7 +493,8 @@ def run_mode(mode, a, tmp, reader, floor):
                                          for d in done.values()),
             start_skew_ms=(max(d["t_start"] for d in done.values()) - t_go) * 1e3,
             capture_ms_mean=statistics.mean(r["capture_ms"] for r in ready.values()),
-            workers=[dict(ready[i], **{k: done[i][k] for k in ("steps", "elapsed", "loss")})
+            workers=[dict(ready[i], **{k: done[i][k]
+                                       for k in ("steps", "elapsed", "loss", "t_start", "t_end")})
                      for i in range(a.procs)])
         win = []
         if sampler is not None:
