@@ -690,8 +690,10 @@ CONCURRENT_ROUNDS = 10
 @contextlib.contextmanager
 def fresh_daemon(tmp_path, tag):
     """A graphd of its own on a socket in tmp_path (so a fresh executor for this uid and cuda:0),
-    started with this process's environment; yields its address. On the way out it is stopped,
-    and an exit code other than 0 fails the test with the end of its log."""
+    started with this process's environment and the options in GRAPHD_TEST_DAEMON_ARGS (split
+    on spaces; e.g. "--executor-cuda-queues 8" to see the held-session test fail without its
+    fix); yields its address. On the way out it is stopped, and an exit code other than 0 fails
+    the test with the end of its log."""
     from conftest import BUILD, wait_answering
 
     sock = tmp_path / ("graphd-%s.sock" % tag)
@@ -699,7 +701,9 @@ def fresh_daemon(tmp_path, tag):
     address = "unix:%s" % sock
     with open(log, "w") as out:
         daemon = subprocess.Popen([str(BUILD / "graphd"), "--config", "/dev/null",
-                                   "--listen", address], stdout=out, stderr=subprocess.STDOUT)
+                                   "--listen", address]
+                                  + os.environ.get("GRAPHD_TEST_DAEMON_ARGS", "").split(),
+                                  stdout=out, stderr=subprocess.STDOUT)
     try:
         assert wait_answering(daemon, address, 20) and daemon.poll() is None, log.read_text()
         yield address
