@@ -112,6 +112,7 @@ class Daemons:
         self.address = "unix:%s" % (tmp_path / "graphd.sock")
         self.proc = None
         self.n = 0
+        self.trainers = []
 
     def start(self):
         self.n += 1
@@ -138,6 +139,31 @@ class Daemons:
             mine = c.session_id
         st["sessions"] = [s for s in st["sessions"] if int(s["id"]) != mine]
         return st
+
+    def trainer(self, pauses, env=()):
+        """A Trainer on these daemons' socket, killed (if still running) after the test."""
+        t = Trainer(self.address, pauses, env)
+        self.trainers.append(t)
+        return t
+
+    def client(self, timeout_ms):
+        """A graphd.Client of these daemons whose GRAPHD_TIMEOUT_MS is timeout_ms (the
+        environment of other clients stays as it was)."""
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("GRAPHD_TIMEOUT_MS", str(timeout_ms))
+            return graphd.Client(self.address)
+
+
+@pytest.fixture
+def daemons(tmp_path):
+    """Daemons on a socket in tmp_path. After the test, the trainers it started through
+    daemons.trainer() are killed and a daemon still running is stopped (SIGTERM, exit 0)."""
+    d = Daemons(tmp_path)
+    yield d
+    for t in d.trainers:
+        t.kill()
+    if d.proc is not None:
+        d.stop()
 
 
 class Trainer:
@@ -182,144 +208,122 @@ class Trainer:
 
 
 def _reference(daemons, env=()):
-    t = Trainer(daemons.address, {}, env)
-    try:
-        return t.finish()
-    finally:
-        t.kill()
+    return daemons.trainer({}, env).finish()
+
+
+def _same_curve(t, expected):
+    """t runs to its end with the loss curve expected, bit for bit."""
+    got = t.finish()
+    assert got == expected, "\n".join("%s | %s" % ab for ab in zip(expected, got))
 
 
 def _graphs_of(st, sid):
     return sorted(int(g["id"]) for g in st.get("graphs", []) if int(g["session"]) == sid)
 
 
-def test_restart_keeps_the_loss_curve(tmp_path):
+def test_restart_keeps_the_loss_curve(daemons):
     """SIGTERM before the forward of step 3, SIGKILL between the forward and the backward of
     step 6 (the new daemon started only after the trainer found the old one gone, so that it
     waits with backoff): the same losses as the uninterrupted run, bit for bit."""
-    d = Daemons(tmp_path)
+    d = daemons
     d.start()
     env = {"GRAPHD_TIMEOUT_MS": "60000"}
-    t = None
-    try:
-        expected = _reference(d, env)
-        assert len(expected) == STEPS
-        t = Trainer(d.address, {3: "before", 6: "mid"}, env)
-        t.expect("PAUSE 3 before")
-        st = d.status()
-        mine = [s for s in st["sessions"] if int(s["pid"]) == t.proc.pid]
-        assert len(mine) == 1, st["sessions"]
-        regions, graphs = int(mine[0]["regions"]), len(_graphs_of(st, int(mine[0]["id"])))
-        assert regions > 0 and graphs == 2, (mine, st.get("graphs"))
+    expected = _reference(d, env)
+    assert len(expected) == STEPS
+    t = d.trainer({3: "before", 6: "mid"}, env)
+    t.expect("PAUSE 3 before")
+    st = d.status()
+    mine = [s for s in st["sessions"] if int(s["pid"]) == t.proc.pid]
+    assert len(mine) == 1, st["sessions"]
+    regions, graphs = int(mine[0]["regions"]), len(_graphs_of(st, int(mine[0]["id"])))
+    assert regions > 0 and graphs == 2, (mine, st.get("graphs"))
 
-        d.stop(signal.SIGTERM)
-        d.start()
-        t.go()
-        t.expect("PAUSE 6 mid")
-        d.stop(signal.SIGKILL)
-        t.go()  # the trainer's backward finds the daemon gone and waits for the next one
-        d.start()
-        last = t.expect("RESTORES")
-        assert last.split()[1] == "2", t.lines  # two restarts, each restored once
-        assert last.split()[5] == "0", last  # the parameters live in the new static tensors
+    d.stop(signal.SIGTERM)
+    d.start()
+    t.go()
+    t.expect("PAUSE 6 mid")
+    d.stop(signal.SIGKILL)
+    t.go()  # the trainer's backward finds the daemon gone and waits for the next one
+    d.start()
+    last = t.expect("RESTORES")
+    assert last.split()[1] == "2", t.lines  # two restarts, each restored once
+    assert last.split()[5] == "0", last  # the parameters live in the new static tensors
 
-        # No leftovers: the new daemon has the trainer's one session, with as many regions and
-        # graphs as before the restarts, and nothing else.
-        st = d.status()
-        assert [int(s["pid"]) for s in st["sessions"]] == [t.proc.pid], st["sessions"]
-        s = st["sessions"][0]
-        assert int(s["id"]) == int(last.split()[3])
-        assert int(s["regions"]) == regions
-        assert len(_graphs_of(st, int(s["id"]))) == graphs
-        assert len(st.get("graphs", [])) == graphs
-        got = t.finish()
-        assert got == expected, "\n".join("%s | %s" % ab for ab in zip(expected, got))
-    finally:
-        if t is not None:
-            t.kill()
-        if d.proc is not None:
-            d.stop()
+    # No leftovers: the new daemon has the trainer's one session, with as many regions and
+    # graphs as before the restarts, and nothing else.
+    st = d.status()
+    assert [int(s["pid"]) for s in st["sessions"]] == [t.proc.pid], st["sessions"]
+    s = st["sessions"][0]
+    assert int(s["id"]) == int(last.split()[3])
+    assert int(s["regions"]) == regions
+    assert len(_graphs_of(st, int(s["id"]))) == graphs
+    assert len(st.get("graphs", [])) == graphs
+    _same_curve(t, expected)
 
 
-def test_stopped_daemon_is_reported_and_recovered(tmp_path):
+def test_stopped_daemon_is_reported_and_recovered(daemons):
     """SIGSTOP before step 2: the step fails with graphd.DeadlineExceeded naming the daemon's pid
     (the replays go through the daemon here: GRAPHD_DIRECT=0); after SIGCONT the step runs again
     and the loss curve is the uninterrupted one."""
-    d = Daemons(tmp_path)
+    d = daemons
     proc = d.start()
     env = {"GRAPHD_TIMEOUT_MS": "8000", "GRAPHD_DIRECT": "0"}
-    t = None
+    expected = _reference(d, env)
+    t = d.trainer({2: "before"}, env)
+    t.expect("PAUSE 2 before")
+    os.kill(proc.pid, signal.SIGSTOP)
     try:
-        expected = _reference(d, env)
-        t = Trainer(d.address, {2: "before"}, env)
-        t.expect("PAUSE 2 before")
-        os.kill(proc.pid, signal.SIGSTOP)
-        try:
-            t.go()
-            err = t.expect("ERROR")
-            t.expect("PAUSE 2 error")
-        finally:
-            os.kill(proc.pid, signal.SIGCONT)
-        assert err.startswith("ERROR DEADLINE_EXCEEDED"), err
-        assert "graphd (pid %d)" % proc.pid in err and "is not answering" in err, err
-        assert "GRAPHD_TIMEOUT_MS" in err and "kill -CONT" in err, err
         t.go()
-        last = t.expect("RESTORES")
-        assert last.split()[1] == "1", t.lines
-
-        def one_session():  # the old session ends once the resumed daemon reads its socket
-            st = d.status()
-            return st if len(st["sessions"]) == 1 else None
-        st = wait_for(one_session, 30)
-        assert st, d.status()["sessions"]
-        assert int(st["sessions"][0]["pid"]) == t.proc.pid
-        assert int(st["sessions"][0]["id"]) == int(last.split()[3])
-        assert len(st.get("graphs", [])) == 2
-        got = t.finish()
-        assert got == expected, "\n".join("%s | %s" % ab for ab in zip(expected, got))
+        err = t.expect("ERROR")
+        t.expect("PAUSE 2 error")
     finally:
-        if t is not None:
-            t.kill()
-        if d.proc is not None:
-            d.stop()
+        os.kill(proc.pid, signal.SIGCONT)
+    assert err.startswith("ERROR DEADLINE_EXCEEDED"), err
+    assert "graphd (pid %d)" % proc.pid in err and "is not answering" in err, err
+    assert "GRAPHD_TIMEOUT_MS" in err and "kill -CONT" in err, err
+    t.go()
+    last = t.expect("RESTORES")
+    assert last.split()[1] == "1", t.lines
+
+    def one_session():  # the old session ends once the resumed daemon reads its socket
+        st = d.status()
+        return st if len(st["sessions"]) == 1 else None
+    st = wait_for(one_session, 30)
+    assert st, d.status()["sessions"]
+    assert int(st["sessions"][0]["pid"]) == t.proc.pid
+    assert int(st["sessions"][0]["id"]) == int(last.split()[3])
+    assert len(st.get("graphs", [])) == 2
+    _same_curve(t, expected)
 
 
-def test_a_retried_forward_draws_from_the_rng_state_it_wrote(tmp_path):
+def test_a_retried_forward_draws_from_the_rng_state_it_wrote(daemons):
     """The FORWARD a restart interrupted runs again on the new graph from the RNG state that the
     step wrote before it, not from the old graph's static RNG state, which a stopped daemon that
     resumes may advance after that write by running the interrupted FORWARD (the race behind
     test_stopped_daemon_is_reported_and_recovered failing in about half its runs): the trainer
     advances it itself before the restore. SIGKILL before step 3's forward."""
-    d = Daemons(tmp_path)
+    d = daemons
     d.start()
     env = {"GRAPHD_TIMEOUT_MS": "60000"}
-    t = None
-    try:
-        expected = _reference(d, env)
-        t = Trainer(d.address, {3: "before"}, dict(env, TRAIN_ADVANCE_OLD_RNG="1"))
-        t.expect("PAUSE 3 before")
-        d.stop(signal.SIGKILL)
-        t.go()
-        t.expect("PAUSE recover")
-        d.start()
-        t.go()
-        last = t.expect("RESTORES")
-        assert last.split()[1] == "1", t.lines
-        got = t.finish()
-        assert got == expected, "\n".join("%s | %s" % ab for ab in zip(expected, got))
-    finally:
-        if t is not None:
-            t.kill()
-        if d.proc is not None:
-            d.stop()
+    expected = _reference(d, env)
+    t = d.trainer({3: "before"}, dict(env, TRAIN_ADVANCE_OLD_RNG="1"))
+    t.expect("PAUSE 3 before")
+    d.stop(signal.SIGKILL)
+    t.go()
+    t.expect("PAUSE recover")
+    d.start()
+    t.go()
+    last = t.expect("RESTORES")
+    assert last.split()[1] == "1", t.lines
+    _same_curve(t, expected)
 
 
-def test_an_rpc_that_reaches_the_new_daemon_first_restores(tmp_path):
+def test_an_rpc_that_reaches_the_new_daemon_first_restores(daemons):
     """After a restart, gRPC reconnects by itself: an RPC can reach the new daemon before the
     client has read the old session socket's EOF, with the old session, and the new daemon
     answers NOT_FOUND "no such session: N". That restores the session as UNAVAILABLE does (it
     failed test_a_restart_without_a_new_daemon_says_so once under load)."""
-    d = Daemons(tmp_path)
+    d = daemons
     d.start()
     c = graphd.Client(d.address)
     try:
@@ -339,24 +343,14 @@ def test_an_rpc_that_reaches_the_new_daemon_first_restores(tmp_path):
         assert [int(s["pid"]) for s in d.status()["sessions"]] == [os.getpid()]
     finally:
         c.close()
-        if d.proc is not None:
-            d.stop()
 
 
-def test_an_rpc_to_a_stopped_daemon_names_it(tmp_path):
+def test_an_rpc_to_a_stopped_daemon_names_it(daemons):
     """A control-plane call (Status) to a stopped daemon: graphd.DeadlineExceeded with its pid;
     after SIGCONT the same client goes on (its session was not lost)."""
-    d = Daemons(tmp_path)
+    d = daemons
     proc = d.start()
-    old = os.environ.get("GRAPHD_TIMEOUT_MS")
-    os.environ["GRAPHD_TIMEOUT_MS"] = "1000"
-    try:
-        c = graphd.Client(d.address)
-    finally:
-        if old is None:
-            del os.environ["GRAPHD_TIMEOUT_MS"]
-        else:
-            os.environ["GRAPHD_TIMEOUT_MS"] = old
+    c = d.client(1000)
     try:
         sid = (c.status(), c.session_id)[1]
         os.kill(proc.pid, signal.SIGSTOP)
@@ -371,24 +365,15 @@ def test_an_rpc_to_a_stopped_daemon_names_it(tmp_path):
         assert c._recovery.restores == 0
     finally:
         c.close()
-        d.stop()
 
 
-def test_a_restart_without_a_new_daemon_says_so(tmp_path):
+def test_a_restart_without_a_new_daemon_says_so(daemons):
     """The daemon killed and none started: the call fails with graphd.Unavailable once
     GRAPHD_TIMEOUT_MS has passed, saying what to do; once a daemon runs there again, the next
     call restores the session (pools and host regions included)."""
-    d = Daemons(tmp_path)
+    d = daemons
     d.start()
-    old = os.environ.get("GRAPHD_TIMEOUT_MS")
-    os.environ["GRAPHD_TIMEOUT_MS"] = "300"
-    try:
-        c = graphd.Client(d.address)
-    finally:
-        if old is None:
-            del os.environ["GRAPHD_TIMEOUT_MS"]
-        else:
-            os.environ["GRAPHD_TIMEOUT_MS"] = old
+    c = d.client(300)
     try:
         c.create_pool("mine", "cpu:0", limit_bytes=1 << 20, mode="group")
         region = c.alloc_region(8192, "mine")
@@ -411,8 +396,6 @@ def test_a_restart_without_a_new_daemon_says_so(tmp_path):
         assert [int(s["regions"]) for s in c.status()["sessions"]] == [0]
     finally:
         c.close()
-        if d.proc is not None:
-            d.stop()
 
 
 def test_errors_of_a_live_daemon_are_not_restarts(client):
