@@ -120,7 +120,7 @@ def window_figures(samples, t0, t1):
 
 def run_variant(a, tmp, tag, queues, spin):
     """Mode (c) against a fresh daemon with these settings, sampled."""
-    import graphd
+    from gd_daemon import wait_until_answering  # bench/, this script's own folder
     sock = Path(tmp) / ("g-%s.sock" % tag)
     address = "unix:%s" % sock
     log = Path(tmp) / ("graphd-%s.log" % tag)
@@ -130,16 +130,9 @@ def run_variant(a, tmp, tag, queues, spin):
                                  "--replay-spin-us", str(spin)],
                                 stdout=err, stderr=subprocess.STDOUT)
     try:
-        deadline = now() + 30
-        while True:
-            try:
-                with graphd.Client(address) as c:
-                    c.status()
-                break
-            except graphd.GraphdError:
-                if proc.poll() is not None or now() > deadline:
-                    raise RuntimeError("graphd (%s) did not start:\n%s" % (tag, log.read_text()))
-                time.sleep(0.05)
+        why = wait_until_answering(proc, address)
+        if why is not None:
+            raise RuntimeError("graphd (%s): %s:\n%s" % (tag, why, log.read_text()))
         device = "cpu:0" if a.device == "cpu" else "cuda:0"
         sampler = Sampler(address, device, a.interval)
         sampler.start()
