@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "graphd_int.h"
@@ -42,7 +43,58 @@ static struct {
      * off), on the runtime's current context: CUstream, CUdeviceptr, value, flags */
     int (*wait_value64)(void *, unsigned long long, unsigned long long, unsigned int);
     int (*write_value64)(void *, unsigned long long, unsigned long long, unsigned int);
+    /* cuStreamBatchMemOp (CUstream, count, CUstreamBatchMemOpParams *, flags): a posted
+     * replay's three operations in one driver call; NULL: one call each */
+    int (*batch_mem_op)(void *, unsigned int, void *, unsigned int);
 } rt = {.once = PTHREAD_ONCE_INIT};
+
+/* CUstreamBatchMemOpParams: a 48-byte union; a wait or write of a 64-bit value is its
+ * waitValue/writeValue member (the operation, the address, the value, the flags, a word the
+ * driver may use). */
+typedef union {
+    struct {
+        unsigned int operation;
+        unsigned long long address;
+        unsigned long long value64;
+        unsigned int flags;
+        unsigned long long alias;
+    } value;
+    unsigned long long pad[6];
+} mem_op_t;
+_Static_assert(sizeof(mem_op_t) == 48, "CUstreamBatchMemOpParams is 48 bytes");
+#define CU_STREAM_MEM_OP_WAIT_VALUE_64 4
+#define CU_STREAM_MEM_OP_WRITE_VALUE_64 5
+
+/* GRAPHD_REPLAY_PROFILE=1 (read once, with the runtime): the host time of each part of the
+ * posted replay calls, summed over the process and printed to stderr when it exits, so that a
+ * profile can say where a replay call's time goes inside a training step (docs/BENCHMARKS.md,
+ * "Step profile"). Off, it costs one branch per call. */
+static struct {
+    int on;
+    unsigned long long calls, drain_ns, device_ns, frame_ns, ops_ns, whole_ns;
+} prof;
+
+static unsigned long long prof_now(void)
+{
+    if (!prof.on)
+        return 0;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (unsigned long long)ts.tv_sec * 1000000000ull + (unsigned long long)ts.tv_nsec;
+}
+
+__attribute__((destructor)) static void prof_report(void)
+{
+    if (!prof.on || prof.calls == 0)
+        return;
+    double n = (double)prof.calls;
+    fprintf(stderr,
+            "graphd: GRAPHD_REPLAY_PROFILE: %llu posted replays, mean host ns per call: drain "
+            "%.0f, device and counters %.0f, frame %.0f, stream operations %.0f, whole call "
+            "%.0f\n",
+            prof.calls, (double)prof.drain_ns / n, (double)prof.device_ns / n,
+            (double)prof.frame_ns / n, (double)prof.ops_ns / n, (double)prof.whole_ns / n);
+}
 
 #define CUDA_IPC_LAZY_ENABLE_PEER_ACCESS 1u /* cudaIpcMemLazyEnablePeerAccess */
 #define CUDA_EVENT_DISABLE_TIMING 0x2u      /* cudaEventDisableTiming */
@@ -73,6 +125,8 @@ static void load_driver(void)
     rt.write_value64 =
         (int (*)(void *, unsigned long long, unsigned long long, unsigned int))driver_sym(
             h, "cuStreamWriteValue64_v2", "cuStreamWriteValue64");
+    rt.batch_mem_op = (int (*)(void *, unsigned int, void *, unsigned int))driver_sym(
+        h, "cuStreamBatchMemOp_v2", "cuStreamBatchMemOp");
     if (rt.wait_value64 == NULL || rt.write_value64 == NULL || rt.stream_create == NULL ||
         rt.stream_destroy == NULL)
         rt.wait_value64 = rt.write_value64 = NULL;
@@ -107,6 +161,11 @@ static void load_runtime(void)
     rt.stream_create = (int (*)(void **, unsigned int))dlsym(h, "cudaStreamCreateWithFlags");
     rt.stream_destroy = (int (*)(void *))dlsym(h, "cudaStreamDestroy");
     load_driver();
+    unsigned long on = 0;
+    char err[GRAPHD__ERRMSG_MAX];
+    if (graphd__setting_uint("GRAPHD_REPLAY_PROFILE", &on, err, sizeof(err)) != GRAPHD_OK)
+        fprintf(stderr, "graphd: %s; the replay profile stays off\n", err);
+    prof.on = on != 0;
     if (!rt.event_create || !rt.event_destroy || !rt.event_record || !rt.stream_wait_event ||
         !rt.ipc_get_event || !rt.ipc_open_event)
         rt.event_create = NULL;
@@ -268,8 +327,41 @@ static int seqs_for(graphd_client_t *c, int device, struct graphd__seqs **out)
     return GRAPHD_OK;
 }
 
-/* A posted REPLAY: ready = n on stream, the frame, a wait for done >= n on stream; no answer is
- * read (a failure comes back later, graphd__dp_drain). */
+/* Queues ops (waits and writes of 64-bit values) on stream: one cuStreamBatchMemOp where the
+ * driver has it, else one call each. 0 or the first CUresult. */
+static int stream_mem_ops(void *stream, mem_op_t *ops, unsigned int n)
+{
+    if (rt.batch_mem_op != NULL)
+        return rt.batch_mem_op(stream, n, ops, 0);
+    for (unsigned int i = 0; i < n; i++) {
+        const mem_op_t *op = &ops[i];
+        int err =
+            op->value.operation == CU_STREAM_MEM_OP_WAIT_VALUE_64
+                ? rt.wait_value64(stream, op->value.address, op->value.value64, op->value.flags)
+                : rt.write_value64(stream, op->value.address, op->value.value64, op->value.flags);
+        if (err != 0)
+            return err;
+    }
+    return 0;
+}
+
+static mem_op_t mem_op(unsigned int operation, unsigned long long address, unsigned long long value,
+                       unsigned int flags)
+{
+    return (mem_op_t){
+        .value = {.operation = operation, .address = address, .value64 = value, .flags = flags}};
+}
+
+/* A posted REPLAY: the frame, then on stream a wait for ready >= n - 1, ready = n and a wait
+ * for done >= n, in one driver call; no answer is read (a failure comes back later,
+ * graphd__dp_drain). Inside a training step a posted replay call has cost several times what
+ * it costs alone (docs/BENCHMARKS.md, "Step profile"): one driver call instead of three is one
+ * part of that cost fewer (GRAPHD_REPLAY_PROFILE times the parts).
+ *
+ * The frame goes first: were the stream operations queued first and the frame then lost, this
+ * stream would wait for a done that never comes, while the daemon, had it taken the frame,
+ * only waits on the device for a ready >= n, as it does for any client that is slow to write
+ * it, and ends that wait when the session ends. */
 static int replay_posted(graphd_client_t *c, struct graphd__seqs *q, void *stream,
                          graphd_graph_t *g, int phase)
 {
@@ -278,29 +370,37 @@ static int replay_posted(graphd_client_t *c, struct graphd__seqs *q, void *strea
         return graphd__fail(c, GRAPHD_ERESOURCE_EXHAUSTED,
                             "the session has posted 2^40 replays on cuda:%d: open a new one",
                             q->device);
-    unsigned long long mem = (unsigned long long)(uintptr_t)q->mem;
-    /* ready only grows: were the last replay posted from another stream, that stream's write of
-     * n - 1 comes first, else this write could let the daemon start replay n - 1 early. */
-    int err =
-        rt.wait_value64(stream, mem + GRAPHD_SEQ_READY_OFFSET, n - 1, CU_STREAM_WAIT_VALUE_GEQ);
-    if (err == 0)
-        err = rt.write_value64(stream, mem + GRAPHD_SEQ_READY_OFFSET, n,
-                               CU_STREAM_WRITE_VALUE_DEFAULT);
-    if (err != 0)
-        return graphd__fail(c, GRAPHD_EFAILED_PRECONDITION,
-                            "cuStreamWrite/WaitValue64 on cuda:%d: CUresult %d", q->device, err);
     uint64_t arg =
         ((uint64_t)(int64_t)phase & GRAPHD_REPLAY_PHASE_MASK) | GRAPHD_REPLAY_POSTED |
         (GRAPHD_DEVICE_CODE(GRAPHD_DEVICE_CUDA, q->device) << GRAPHD_REPLAY_DEVICE_SHIFT) |
         (n << GRAPHD_REPLAY_SEQ_SHIFT);
+    unsigned long long t0 = prof_now();
     int rc = graphd__dp_replay_post(c, g, arg);
     if (rc != GRAPHD_OK)
         return rc;
     q->last = n;
-    err = rt.wait_value64(stream, mem + GRAPHD_SEQ_DONE_OFFSET, n, CU_STREAM_WAIT_VALUE_GEQ);
+    unsigned long long t1 = prof_now();
+    unsigned long long mem = (unsigned long long)(uintptr_t)q->mem;
+    /* ready only grows: were the last replay posted from another stream, that stream's write of
+     * n - 1 comes first, else this write could let the daemon start replay n - 1 early. */
+    mem_op_t ops[] = {
+        mem_op(CU_STREAM_MEM_OP_WAIT_VALUE_64, mem + GRAPHD_SEQ_READY_OFFSET, n - 1,
+               CU_STREAM_WAIT_VALUE_GEQ),
+        mem_op(CU_STREAM_MEM_OP_WRITE_VALUE_64, mem + GRAPHD_SEQ_READY_OFFSET, n,
+               CU_STREAM_WRITE_VALUE_DEFAULT),
+        mem_op(CU_STREAM_MEM_OP_WAIT_VALUE_64, mem + GRAPHD_SEQ_DONE_OFFSET, n,
+               CU_STREAM_WAIT_VALUE_GEQ),
+    };
+    int err = stream_mem_ops(stream, ops, sizeof(ops) / sizeof(ops[0]));
+    if (prof.on && err == 0) {
+        prof.frame_ns += t1 - t0;
+        prof.ops_ns += prof_now() - t1;
+    }
     if (err != 0)
         return graphd__fail(c, GRAPHD_EFAILED_PRECONDITION,
-                            "cuStreamWaitValue64 on cuda:%d: CUresult %d", q->device, err);
+                            "cuStreamBatchMemOp (the posted replay's counters) on cuda:%d: "
+                            "CUresult %d; the daemon's replay waits until the session ends",
+                            q->device, err);
     return GRAPHD_OK;
 }
 
@@ -331,10 +431,12 @@ static int cuda_replay_ordered(graphd_client_t *c, int device, void *stream, gra
                                int phase, uint64_t *launch_ns)
 {
     pthread_once(&rt.once, load_runtime);
+    unsigned long long t0 = prof_now();
     int rc = graphd__dp_drain(c); /* a posted replay that failed is reported now */
     if (rc != GRAPHD_OK)
         return rc;
     if (c->posted && rt.wait_value64 != NULL) {
+        unsigned long long t1 = prof_now(), frame_ops = prof.frame_ns + prof.ops_ns;
         int err;
         int prev = device_enter(device, &err);
         if (err != 0)
@@ -348,6 +450,14 @@ static int cuda_replay_ordered(graphd_client_t *c, int device, void *stream, gra
                 *launch_ns = 0; /* not known: nothing is answered */
         }
         device_restore(prev, device);
+        if (prof.on && rc == GRAPHD_OK) {
+            unsigned long long t2 = prof_now();
+            prof.calls++;
+            prof.drain_ns += t1 - t0;
+            /* what is left of the call after the frame and the stream operations */
+            prof.device_ns += (t2 - t1) - (prof.frame_ns + prof.ops_ns - frame_ops);
+            prof.whole_ns += t2 - t0;
+        }
         if (rc != GRAPHD_EUNIMPLEMENTED)
             return rc;
         c->posted = 0; /* the daemon cannot: order by events from now on */

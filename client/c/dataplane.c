@@ -7,6 +7,7 @@
  */
 #include <errno.h>
 #include <poll.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -238,6 +239,15 @@ static struct graphd__direct *direct_find(graphd_client_t *c, uint64_t key)
     return NULL;
 }
 
+/* Whether fd is one of the session's replay connections. */
+static bool direct_by_fd(const graphd_client_t *c, int fd)
+{
+    for (size_t i = 0; i < c->ndirect; i++)
+        if (c->direct[i].fd == fd)
+            return true;
+    return false;
+}
+
 /* Closes the replay connection on fd (it broke, or the executor ended it). */
 static void direct_forget(graphd_client_t *c, int fd)
 {
@@ -385,11 +395,28 @@ static int drain_sock(graphd_client_t *c, sock_t s)
 
 int graphd__dp_drain(graphd_client_t *c)
 {
+    /* One poll for every socket (this runs before each replay): only those with something to
+     * read are drained. */
+    struct pollfd p[GRAPHD__MAX_DIRECT + 1];
+    nfds_t n = 0;
+    for (size_t i = 0; i < c->ndirect; i++)
+        p[n++] = (struct pollfd){.fd = c->direct[i].fd, .events = POLLIN};
+    if (c->session_fd >= 0)
+        p[n++] = (struct pollfd){.fd = c->session_fd, .events = POLLIN};
     int rc = GRAPHD_OK;
-    for (size_t i = c->ndirect; i-- > 0 && rc == GRAPHD_OK;)
-        rc = drain_sock(c, (sock_t){c->direct[i].fd, "the replay connection"});
-    if (rc == GRAPHD_OK && c->session_fd >= 0)
-        rc = drain_sock(c, SESSION_SOCK(c));
+    if (n > 0 && poll(p, n, 0) > 0) {
+        /* Replay connections first, the session socket last (its fd is the last entry); a
+         * broken replay connection is closed (direct_forget) under the loop, so each is found
+         * again by its fd. */
+        for (nfds_t i = 0; i < n && rc == GRAPHD_OK; i++) {
+            if (p[i].revents == 0)
+                continue;
+            if (p[i].fd == c->session_fd)
+                rc = drain_sock(c, SESSION_SOCK(c));
+            else if (direct_by_fd(c, p[i].fd))
+                rc = drain_sock(c, (sock_t){p[i].fd, "the replay connection"});
+        }
+    }
     if (rc != GRAPHD_OK)
         return rc;
     if (c->posted_err) {

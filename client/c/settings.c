@@ -68,6 +68,10 @@ static const setting_t settings[] = {
     {"GRAPHD_ZE_LOADER", SET_PATH, "libze_loader.so.1", NULL, 0, 0, NULL,
      "the Level Zero loader libgraphd loads (dlopen) the first time it maps an xpu region "
      "(Debian: package libze1); a name is searched as dlopen does, a path taken as given"},
+    {"GRAPHD_REPLAY_PROFILE", SET_BOOL, "0", NULL, 0, 1, NULL,
+     "1: libgraphd times the parts of each posted replay call (the drain of earlier answers, "
+     "the frame, the stream operations, the rest) and prints their means to stderr when the "
+     "process exits; for profiles (bench/step_profile.py), not for production"},
     {"GRAPHD_SLOW_CAPTURE_S", SET_UINT, "2", NULL, 0, 86400, NULL,
      "the Python package logs one line (logger \"graphd\") when make_graphed_callables has been "
      "tracing and capturing for this many seconds, and one when it ends; 0: for every capture"},

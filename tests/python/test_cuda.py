@@ -248,6 +248,46 @@ def test_posted_replay_failure_comes_at_a_later_call():
     torch.testing.assert_close(out, eager(x), **RT)
 
 
+PROFILED = r"""
+import torch, torch.nn as nn
+import graphd
+m = nn.Linear(64, 64).cuda().requires_grad_(False)
+g = graphd.make_graphed_callables(m, (torch.randn(8, 64, device="cuda"),))
+x = torch.randn(8, 64, device="cuda")
+with torch.no_grad():
+    for _ in range(10):
+        g(x)
+torch.cuda.synchronize()
+"""
+
+
+def test_replay_profile_reports_the_parts_of_the_posted_replay_calls(tmp_path):
+    """GRAPHD_REPLAY_PROFILE=1: at exit libgraphd prints how many posted replays the process made
+    and the mean host time of each part of the call; unset, it prints nothing."""
+    _need_cuda_here()
+    import re
+
+    script = tmp_path / "profiled.py"
+    script.write_text(PROFILED)
+    env = dict(os.environ, GRAPHD_REPLAY_ORDER="posted")  # the session's daemon
+    for on in ("1", "0"):
+        p = subprocess.run([sys.executable, str(script)], env=dict(env, GRAPHD_REPLAY_PROFILE=on),
+                           capture_output=True, text=True, timeout=120)
+        assert p.returncode == 0, p.stderr
+        lines = [ln for ln in p.stderr.splitlines() if "GRAPHD_REPLAY_PROFILE" in ln]
+        if on == "0":
+            assert lines == []
+            continue
+        assert len(lines) == 1, p.stderr
+        m = re.search(r"GRAPHD_REPLAY_PROFILE: (\d+) posted replays, mean host ns per call: "
+                      r"drain (\d+), device and counters (\d+), frame (\d+), stream operations "
+                      r"(\d+), whole call (\d+)$", lines[0])
+        assert m, lines[0]
+        n, drain, device, frame, ops, whole = (int(v) for v in m.groups())
+        assert n == 10
+        assert frame > 0 and ops > 0 and drain + device + frame + ops <= whole + 4, lines[0]
+
+
 CRASHER = r"""
 import os
 import torch, torch.nn as nn
