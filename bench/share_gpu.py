@@ -715,7 +715,7 @@ def parent(a):
             print(text)
         else:
             Path(a.json).write_text(text + "\n")
-    if failed:
+    if failed or a.keep_logs:
         print("share_gpu: logs kept in %s" % tmp, file=sys.stderr)
     else:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -745,6 +745,9 @@ def main():
     ap.add_argument("--sample-interval", type=float, default=0.2, help="seconds between reads")
     ap.add_argument("--timeout", type=float, default=600,
                     help="seconds to wait for all workers to be ready, and again to be done")
+    ap.add_argument("--keep-logs", action="store_true",
+                    help="keep the workers' and daemons' logs (stderr) also when nothing failed; "
+                    "e.g. for GRAPHD_REPLAY_PROFILE's lines")
     ap.add_argument("--json", nargs="?", const="-", metavar="PATH",
                     help="also write the results as JSON to PATH (stdout without one)")
     # internal: one worker process
