@@ -109,7 +109,7 @@ void graphd__client_unref(graphd_client_t *c)
 static int read_settings(graphd_client_t *c, const char *address)
 {
     char err[GRAPHD__ERRMSG_MAX], value[GRAPHD__SETTING_MAX];
-    unsigned long timeout_ms, spin_us, direct;
+    unsigned long timeout_ms, spin_us, direct, profile;
     int rc = graphd__setting_uint("GRAPHD_TIMEOUT_MS", &timeout_ms, err, sizeof(err));
     if (rc == GRAPHD_OK)
         rc = graphd__setting_uint("GRAPHD_SPIN_US", &spin_us, err, sizeof(err));
@@ -117,6 +117,8 @@ static int read_settings(graphd_client_t *c, const char *address)
         rc = graphd__setting_uint("GRAPHD_DIRECT", &direct, err, sizeof(err));
     if (rc == GRAPHD_OK)
         rc = graphd__setting("GRAPHD_REPLAY_ORDER", value, sizeof(value), err, sizeof(err));
+    if (rc == GRAPHD_OK) /* checked here, read with the CUDA runtime (cuda.c) */
+        rc = graphd__setting_uint("GRAPHD_REPLAY_PROFILE", &profile, err, sizeof(err));
     if (rc != GRAPHD_OK)
         return graphd__fail_thread(rc, "%s", err);
     c->timeout_ms = (int)timeout_ms;
