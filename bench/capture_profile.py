@@ -61,6 +61,7 @@ import torch.nn as nn  # noqa: E402
 import graphd  # noqa: E402
 from graphd import client as gd_client  # noqa: E402
 from graphd import graphs as gd_graphs  # noqa: E402
+from graphd import slow as gd_slow  # noqa: E402
 from graphd import trace_cache as gd_trace_cache  # noqa: E402
 from gd_daemon import wait_until_answering  # noqa: E402 (bench/, the script's own folder)
 from bench_models import mlp  # noqa: E402 (bench/, the script's own folder)
@@ -101,6 +102,11 @@ def instrument(timers):
     w(gd_client.Client, "capture", "Capture")
     w(gd_client.Client, "release_module", "ReleaseModule")
     w(gd_graphs, "_warm_up_buffers", "buffer warm-up")
+    w(gd_graphs, "_resolve_pool", "pool")
+    w(gd_graphs, "_warn_without_mps", "mps check")
+    w(gd_slow, "watch", "slow watch")
+    w(gd_trace_cache, "register", "register")  # includes RegisterModule when it is called
+    w(gd_trace_cache, "release", "release")  # includes ReleaseModule when it is called
     for f in ("_Static", "_bind_params", "_bind_buffers", "_bind_sample_args"):
         w(gd_graphs, f, "bind")
 
@@ -339,12 +345,19 @@ def main():
         ("  daemon: queued", lambda w, t, d: d[4] if d else float("nan")),
         ("  gRPC + mapping regions", lambda w, t, d: (t.get("Capture", 0) * 1e3 - d[0])
          if d else float("nan")),
+        ("held-module lookup (client)", lambda w, t, d: (t.get("register", 0)
+                                                         - t.get("RegisterModule", 0)) * 1e3),
         ("ReleaseModule", lambda w, t, d: t.get("ReleaseModule", 0) * 1e3),
+        ("held-module release (client)", lambda w, t, d: (t.get("release", 0)
+                                                          - t.get("ReleaseModule", 0)) * 1e3),
+        ("pool: device check + pool", lambda w, t, d: t.get("pool", 0) * 1e3),
+        ("MPS check (first call only)", lambda w, t, d: t.get("mps check", 0) * 1e3),
+        ("slow-capture watch (thread)", lambda w, t, d: t.get("slow watch", 0) * 1e3),
         ("buffer warm-up (client)", lambda w, t, d: t.get("buffer warm-up", 0) * 1e3),
         ("static views + binding", lambda w, t, d: t.get("bind", 0) * 1e3),
         ("other", lambda w, t, d: w - 1e3 * sum(t.get(k, 0) for k in (
-            "trace+save", "RegisterModule", "Capture", "ReleaseModule", "buffer warm-up",
-            "bind"))),
+            "trace+save", "register", "Capture", "release", "buffer warm-up", "bind", "pool",
+            "mps check", "slow watch"))),
         ("make_graphed_callables", lambda w, t, d: w),
     ]
     head = "%-28s" % "graphd, ms" + "".join("%10s" % ("run %d" % (i + 1))
