@@ -25,6 +25,29 @@ def test_the_daemon_serves_two_cpu_devices(client):
         client.create_pool("pytest-cpu2", device="cpu:2")
 
 
+def test_check_device_lists_the_devices_once_per_session(client, monkeypatch):
+    """make_graphed_callables checks its device before each capture: the devices a session's
+    daemon serves are listed once (a devices() RPC reads every device's memory), a device it
+    does not serve is still refused, and a new session (a daemon restart) lists them again."""
+    client.pools()  # a session is open
+    calls = []
+    real = graphd.Client.devices
+
+    def counted(self):
+        calls.append(1)
+        return real(self)
+    monkeypatch.setattr(graphd.Client, "devices", counted)
+    for _ in range(3):
+        assert client.check_device("cpu:1") == "cpu:1"
+    assert len(calls) <= 1
+    with pytest.raises(graphd.NotFound):
+        client.check_device("cpu:2")
+    n = len(calls)
+    client._served = (client.session_id + 1, client._served[1])  # as after a new session
+    assert client.check_device("cpu:1") == "cpu:1"
+    assert len(calls) == n + 1
+
+
 @pytest.mark.parametrize("case", ["mlp", "two", "function"])
 def test_training_on_cpu1_matches_eager(case):
     graphs = []

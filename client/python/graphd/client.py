@@ -220,6 +220,9 @@ class Client:
         self._closed = False
         self.address = _lib.text(L.graphd_address(handle))
         self._recovery = recovery.State(self)  # what a daemon restart needs made again
+        # (session id, the device ids its daemon serves) once a session has listed them: a
+        # daemon serves the same devices while it runs, and a restart is a new session.
+        self._served = (0, frozenset())
         _clients.add(self)
 
     # ---- plumbing ----------------------------------------------------------------------
@@ -375,7 +378,12 @@ class Client:
         dev = normalize_device(device)
         if dev == "cpu:0":
             return dev
+        sid = self.session_id
+        if sid and self._served[0] == sid and dev in self._served[1]:
+            return dev  # no devices() RPC for every capture (it reads each device's memory)
         ids = [d["id"] for d in self.devices()]
+        if sid:
+            self._served = (sid, frozenset(ids))
         if dev not in ids:
             raise make_error("NOT_FOUND", "graphd at %s has no device %r (it serves: %s)" %
                              (self.address, dev, ", ".join(ids) or "none"))
