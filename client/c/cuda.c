@@ -68,7 +68,8 @@ _Static_assert(sizeof(mem_op_t) == 48, "CUstreamBatchMemOpParams is 48 bytes");
 /* GRAPHD_REPLAY_PROFILE=1 (read once, with the runtime): the host time of each part of the
  * posted replay calls, summed over the process and printed to stderr when it exits, so that a
  * profile can say where a replay call's time goes inside a training step (docs/BENCHMARKS.md,
- * "Step profile"). Off, it costs one branch per call. */
+ * "Step profile"). Off, it costs one branch per call. The sums are plain counters: with replays
+ * from several threads at once they are approximate. */
 static struct {
     int on;
     unsigned long long calls, drain_ns, device_ns, frame_ns, ops_ns, whole_ns;
@@ -398,8 +399,9 @@ static int replay_posted(graphd_client_t *c, struct graphd__seqs *q, void *strea
     }
     if (err != 0)
         return graphd__fail(c, GRAPHD_EFAILED_PRECONDITION,
-                            "cuStreamBatchMemOp (the posted replay's counters) on cuda:%d: "
-                            "CUresult %d; the daemon's replay waits until the session ends",
+                            "queuing the posted replay's counter operations on cuda:%d: "
+                            "CUresult %d; the replay sent to the daemon waits for its ready "
+                            "counter until a later replay writes it or the session ends",
                             q->device, err);
     return GRAPHD_OK;
 }
