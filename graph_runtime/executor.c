@@ -127,6 +127,9 @@ typedef struct conn {
     size_t in_len;
     uint8_t *out;
     size_t out_len, out_cap;
+    int passed_fd;       /* a descriptor that came with the frames read (RING takes it), or -1 */
+    graphd_ring_t *ring; /* the client's replay ring (RING), or NULL */
+    uint64_t ring_taken; /* slots taken from it: ours, never read back from the ring */
 } conn_t;
 
 /* What SESSION_BIND gave a session (object ids, 0: none), and its last posted replay. */
@@ -1000,7 +1003,9 @@ static int op_capture_finish(gx_rbuf_t *r, msg_t *m, gx_wbuf_t *out)
 enum {
     ST_INVALID_ARGUMENT = 3,
     ST_NOT_FOUND = 5,
+    ST_ALREADY_EXISTS = 6,
     ST_PERMISSION_DENIED = 7,
+    ST_RESOURCE_EXHAUSTED = 8,
     ST_FAILED_PRECONDITION = 9,
 };
 
@@ -1196,6 +1201,14 @@ static gr_seq_t *posted_counters(conn_t *c, unsigned code, uint64_t n)
     return NULL;
 }
 
+/* A posted replay of c was answered with an error (queued on the socket first): with a ring, the
+ * client reads its socket once failed moves. */
+static void ring_failed(conn_t *c)
+{
+    if (c->ring != NULL)
+        __atomic_fetch_add(&c->ring->failed, 1, __ATOMIC_RELEASE);
+}
+
 /* Runs one REPLAY frame of c. false when the connection must close. */
 static bool direct_replay(conn_t *c, const graphd_frame_t *f)
 {
@@ -1209,8 +1222,11 @@ static bool direct_replay(conn_t *c, const graphd_frame_t *f)
         unsigned code =
             (unsigned)((f->arg >> GRAPHD_REPLAY_DEVICE_SHIFT) & GRAPHD_REPLAY_DEVICE_MASK);
         seq = posted_counters(c, code, n);
-        if (seq == NULL) /* as the daemon: out of step, the session's stream cannot be trusted */
-            return conn_refuse(c, f->seq, ST_FAILED_PRECONDITION, X.err);
+        if (seq == NULL) { /* as the daemon: out of step, the session's stream cannot be trusted */
+            conn_refuse(c, f->seq, ST_FAILED_PRECONDITION, X.err);
+            ring_failed(c);
+            return false;
+        }
     }
     int st = 0;
     entry_t *g = graph_by_handle(f->id);
@@ -1248,7 +1264,10 @@ static bool direct_replay(conn_t *c, const graphd_frame_t *f)
     if (st != 0) {
         if (seq)
             gr_seq_skip(seq, n); /* done = n all the same: the client's stream goes on */
-        return conn_answer(c, rtype, f->seq, f->id, 0, st, X.err);
+        bool ok = conn_answer(c, rtype, f->seq, f->id, 0, st, X.err);
+        if (posted)
+            ring_failed(c);
+        return ok;
     }
     uint64_t ns = 0;
     atomic_store(&X.state->busy_graph, f->id);
@@ -1268,13 +1287,106 @@ static bool direct_replay(conn_t *c, const graphd_frame_t *f)
     slot_count(g, (int)phase, rc, t0);
     if (posted && rc == GR_OK)
         return true; /* answered only when it fails */
-    return conn_answer(c, rtype, f->seq, f->id, ns, gr_err_grpc(rc), rc ? X.err : NULL);
+    bool ok = conn_answer(c, rtype, f->seq, f->id, ns, gr_err_grpc(rc), rc ? X.err : NULL);
+    if (posted)
+        ring_failed(c);
+    return ok;
 }
 
-/* Runs c's next buffered frame, if a whole one is there. false when the connection must close. */
-static bool conn_serve_one(conn_t *c, bool *ran)
+#define RING_BYTES_TEXT "135168"
+_Static_assert(GRAPHD_RING_BYTES == 135168, "RING_BYTES_TEXT is GRAPHD_RING_BYTES");
+
+/* Slots of c's ring not yet taken, or -1 when its head is out of reach (the client wrote a head
+ * behind what was taken or more than a ring ahead of it). */
+static int64_t ring_waiting(const conn_t *c)
+{
+    uint64_t head = __atomic_load_n(&c->ring->head, __ATOMIC_ACQUIRE);
+    uint64_t n = head - c->ring_taken;
+    return n > GRAPHD_RING_SLOTS ? -1 : (int64_t)n;
+}
+
+/* Runs the next slot of c's ring as the REPLAY frame it stands for. */
+static bool ring_serve_one(conn_t *c)
+{
+    const graphd_ring_slot_t *s = &c->ring->slot[c->ring_taken % GRAPHD_RING_SLOTS];
+    graphd_frame_t f = {.magic = GRAPHD_FRAME_MAGIC,
+                        .version = GRAPHD_FRAME_VERSION,
+                        .type = GRAPHD_FRAME_REPLAY,
+                        .seq = __atomic_load_n(&s->seq, __ATOMIC_RELAXED),
+                        .id = __atomic_load_n(&s->id, __ATOMIC_RELAXED),
+                        .arg = __atomic_load_n(&s->arg, __ATOMIC_RELAXED)};
+    c->ring_taken++;
+    __atomic_store_n(&c->ring->tail, c->ring_taken, __ATOMIC_RELEASE); /* the slot is copied */
+    if (!(f.arg & GRAPHD_REPLAY_POSTED)) {
+        conn_refuse(c, f.seq, ST_INVALID_ARGUMENT,
+                    "the replay ring takes posted replays only (GRAPHD_REPLAY_POSTED); other "
+                    "REPLAYs go as frames");
+        ring_failed(c);
+        return false;
+    }
+    return direct_replay(c, &f);
+}
+
+/* RING: maps the client's ring from the memfd that came with the frame. The connection stays
+ * open when it is refused (the client goes on with REPLAY frames). */
+static bool conn_ring(conn_t *c, const graphd_frame_t *f)
+{
+    const uint16_t rtype = GRAPHD_FRAME_RING | GRAPHD_FRAME_REPLY;
+    int fd = c->passed_fd;
+    c->passed_fd = -1;
+    const char *why = NULL;
+    int st = ST_INVALID_ARGUMENT;
+    struct stat sb;
+    int seals = fd >= 0 ? fcntl(fd, F_GET_SEALS) : -1;
+    if (c->ring != NULL) {
+        why = "the connection already has a replay ring";
+        st = ST_ALREADY_EXISTS;
+    } else if (fd < 0) {
+        why = "RING comes with the ring's memfd (SCM_RIGHTS)";
+    } else if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode) || sb.st_size != GRAPHD_RING_BYTES) {
+        why = "the replay ring must be a memfd of exactly GRAPHD_RING_BYTES (" RING_BYTES_TEXT
+              ") bytes";
+    } else if (seals < 0 || !(seals & F_SEAL_SHRINK)) {
+        why = "the replay ring's memfd must be sealed against shrinking (F_SEAL_SHRINK)";
+    } else {
+        void *m = mmap(NULL, GRAPHD_RING_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        if (m == MAP_FAILED) {
+            why = "the replay ring could not be mapped";
+            st = ST_RESOURCE_EXHAUSTED;
+        } else {
+            c->ring = m;
+            c->ring_taken = __atomic_load_n(&c->ring->head, __ATOMIC_ACQUIRE);
+            __atomic_store_n(&c->ring->tail, c->ring_taken, __ATOMIC_RELEASE);
+            __atomic_store_n(&c->ring->asleep, 0, __ATOMIC_RELAXED);
+        }
+    }
+    if (fd >= 0)
+        close(fd);
+    if (why != NULL)
+        return conn_answer(c, rtype, f->seq, 0, 0, st, why);
+    return conn_answer(c, rtype, f->seq, 0, GRAPHD_RING_SLOTS, 0, NULL);
+}
+
+/* Runs c's next slot of its ring (use_ring), else its next buffered frame, if a whole one is
+ * there. Slots first: the client puts a posted replay into the ring only while no frame it sent
+ * waits for its answer, so a frame in the socket came after the slots. false when the
+ * connection must close. */
+static bool conn_serve_one(conn_t *c, bool *ran, bool use_ring)
 {
     *ran = false;
+    if (use_ring && c->ring != NULL) {
+        int64_t waiting = ring_waiting(c);
+        if (waiting < 0) {
+            conn_refuse(c, 0, ST_INVALID_ARGUMENT,
+                        "the replay ring's head is out of step with what the executor took");
+            ring_failed(c);
+            return false;
+        }
+        if (waiting > 0) {
+            *ran = true;
+            return ring_serve_one(c);
+        }
+    }
     if (c->in_len < GRAPHD_FRAME_SIZE)
         return true;
     graphd_frame_t f;
@@ -1285,20 +1397,30 @@ static bool conn_serve_one(conn_t *c, bool *ran)
                  f.magic, f.version);
         return conn_refuse(c, f.seq, ST_INVALID_ARGUMENT, msg);
     }
-    if (f.type != GRAPHD_FRAME_REPLAY || f.msg_len != 0) {
+    bool ringed = f.type == GRAPHD_FRAME_RING || (f.type == GRAPHD_FRAME_WAKE && c->ring != NULL);
+    if ((f.type != GRAPHD_FRAME_REPLAY && !ringed) || f.msg_len != 0) {
         snprintf(msg, sizeof msg,
-                 "the replay connection takes REPLAY frames without a message, not type 0x%04x "
-                 "with %u bytes (other frames go on the session socket)",
+                 "the replay connection takes REPLAY, RING and (with a ring) WAKE frames without "
+                 "a message, not type 0x%04x with %u bytes (other frames go on the session socket)",
                  f.type, f.msg_len);
         return conn_refuse(c, f.seq, ST_INVALID_ARGUMENT, msg);
     }
     memmove(c->in, c->in + GRAPHD_FRAME_SIZE, c->in_len - GRAPHD_FRAME_SIZE);
     c->in_len -= GRAPHD_FRAME_SIZE;
+    if (f.type == GRAPHD_FRAME_RING)
+        return conn_ring(c, &f);
+    if (f.type == GRAPHD_FRAME_WAKE)
+        return true;         /* the ring is looked at each round anyway */
+    if (c->passed_fd >= 0) { /* a descriptor that no frame here takes */
+        close(c->passed_fd);
+        c->passed_fd = -1;
+    }
     *ran = true;
     return direct_replay(c, &f);
 }
 
-/* Reads what c's socket holds, up to max bytes and the room left. false: EOF or an error. */
+/* Reads what c's socket holds, up to max bytes and the room left. false: EOF or an error. A
+ * descriptor that comes with the bytes is kept for RING (one at a time; others are closed). */
 static bool conn_read(conn_t *c, size_t max)
 {
     size_t room = sizeof c->in - c->in_len;
@@ -1306,12 +1428,33 @@ static bool conn_read(conn_t *c, size_t max)
         room = max;
     if (room == 0)
         return true;
+    union {
+        char buf[CMSG_SPACE(sizeof(int) * 4)];
+        struct cmsghdr align;
+    } control;
+    struct iovec iov = {.iov_base = c->in + c->in_len, .iov_len = room};
+    struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
     ssize_t r;
-    do
-        r = recv(c->fd, c->in + c->in_len, room, MSG_DONTWAIT);
-    while (r < 0 && errno == EINTR);
+    do {
+        mh.msg_control = control.buf;
+        mh.msg_controllen = sizeof control.buf;
+        r = recvmsg(c->fd, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+    } while (r < 0 && errno == EINTR);
     if (r < 0)
         return errno == EAGAIN || errno == EWOULDBLOCK;
+    for (struct cmsghdr *cm = CMSG_FIRSTHDR(&mh); cm != NULL; cm = CMSG_NXTHDR(&mh, cm)) {
+        if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS)
+            continue;
+        size_t nfds = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        for (size_t i = 0; i < nfds; i++) {
+            int fd;
+            memcpy(&fd, CMSG_DATA(cm) + i * sizeof(int), sizeof(int));
+            if (c->passed_fd < 0)
+                c->passed_fd = fd;
+            else
+                close(fd);
+        }
+    }
     if (r == 0)
         return false;
     c->in_len += (size_t)r;
@@ -1325,6 +1468,13 @@ static void conn_close(conn_t *c)
     if (ioctl(c->fd, FIONREAD, &queued) != 0 || queued < 0)
         queued = 0;
     uint64_t frames = (c->in_len + (size_t)queued) / GRAPHD_FRAME_SIZE;
+    if (c->ring != NULL) {
+        int64_t waiting = ring_waiting(c);
+        frames += waiting > 0 ? (uint64_t)waiting : 0;
+        munmap(c->ring, GRAPHD_RING_BYTES);
+    }
+    if (c->passed_fd >= 0)
+        close(c->passed_fd);
     if (frames)
         atomic_fetch_add(&X.state->replays_dropped, frames);
     shutdown(c->fd,
@@ -1368,8 +1518,17 @@ static void drain_session(uint64_t session)
             queued = 0;
         size_t budget = (size_t)queued;
         bool ok = true, ran = false;
+        /* The ring's slots written by now first (the client may go on writing: bounded). */
+        int64_t slots = c->ring != NULL ? ring_waiting(c) : 0;
+        for (int64_t k = 0; ok && k < slots; k++)
+            ok = ring_serve_one(c);
+        if (slots < 0) {
+            conn_refuse(c, 0, ST_INVALID_ARGUMENT,
+                        "the replay ring's head is out of step with what the executor took");
+            ok = false;
+        }
         for (;;) {
-            while (ok && (ok = conn_serve_one(c, &ran)) && ran)
+            while (ok && (ok = conn_serve_one(c, &ran, false)) && ran)
                 ;
             if (!ok || budget == 0)
                 break;
@@ -1412,6 +1571,7 @@ static int op_conn_open(gx_rbuf_t *r, msg_t *m, gx_wbuf_t *out)
         return reject(GR_EINTERNAL, "CONN_OPEN: fcntl: %s", strerror(errno));
     }
     c->fd = m->fds[0];
+    c->passed_fd = -1;
     m->fds[0] = -1; /* the connection's now */
     c->session = session;
     X.conns[X.nconns++] = c;
@@ -1865,6 +2025,26 @@ static int serve_channel(void)
  * is closed with what it still has queued. After a replay on a device it polls rather than sleeps
  * for --spin-us, as the daemon's threads did. 0 at the channel's EOF, else EXIT_BROKEN.
  */
+/* Before the loop may sleep in poll (on): marks every ring asleep, then looks at each again
+ * (after a full fence, which the client's side mirrors: graphd_ring_t). true when none has a
+ * slot waiting, and the loop may sleep: a client that writes one from now on sends WAKE. false
+ * (and nothing marked) when one has. After the poll (off): clears the marks. */
+static bool rings_asleep(bool on)
+{
+    for (size_t i = 0; i < X.nconns; i++)
+        if (X.conns[i]->ring != NULL)
+            __atomic_store_n(&X.conns[i]->ring->asleep, on ? 1u : 0u, __ATOMIC_RELAXED);
+    if (!on)
+        return false;
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    for (size_t i = 0; i < X.nconns; i++)
+        if (X.conns[i]->ring != NULL && ring_waiting(X.conns[i]) != 0) {
+            rings_asleep(false);
+            return false;
+        }
+    return true;
+}
+
 /* While device frees are deferred, how often the idle loop retries them, in milliseconds. */
 #define RECLAIM_POLL_MS 20
 
@@ -1881,7 +2061,8 @@ static int serve(void)
     for (;;) {
         bool more = IN.tail > IN.head;
         for (size_t i = 0; i < X.nconns && !more; i++)
-            more = X.conns[i]->in_len >= GRAPHD_FRAME_SIZE;
+            more = X.conns[i]->in_len >= GRAPHD_FRAME_SIZE ||
+                   (X.conns[i]->ring != NULL && ring_waiting(X.conns[i]) != 0);
         int timeout = more || (hot_until && now_ns() < hot_until) ? 0 : -1;
         if (timeout < 0 && device && (reclaim_due || reclaim_pending)) {
             if (gr_device_reclaim(X.args.device, 0, &reclaim_pending) != GR_OK)
@@ -1896,7 +2077,13 @@ static int serve(void)
                 (struct pollfd){.fd = X.conns[i]->fd,
                                 .events = (short)(POLLIN | (X.conns[i]->out_len ? POLLOUT : 0))};
         size_t npf = 1 + X.nconns;
-        if (poll(pf, npf, timeout) < 0 && errno != EINTR) {
+        bool asleep = timeout != 0 && rings_asleep(true);
+        if (timeout != 0 && !asleep)
+            timeout = 0; /* a ring took a slot while we looked */
+        int polled = poll(pf, npf, timeout);
+        if (asleep)
+            rings_asleep(false);
+        if (polled < 0 && errno != EINTR) {
             fprintf(stderr, "graphd-executor: poll: %s\n", strerror(errno));
             return EXIT_BROKEN;
         }
@@ -1925,7 +2112,7 @@ static int serve(void)
         for (size_t k = 0; k < n; k++) {
             size_t i = (X.rr + k) % n;
             bool ran;
-            if (!conn_serve_one(X.conns[i], &ran))
+            if (!conn_serve_one(X.conns[i], &ran, true))
                 conn_drop(i);
             ran_any |= ran;
         }

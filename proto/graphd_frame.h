@@ -49,6 +49,14 @@ enum graphd_frame_type {
      * (SCM_RIGHTS), one the session already has comes without. REPLAY frames for the graph then
      * go on that socket, and their answers come back there. */
     GRAPHD_FRAME_DIRECT = 6,
+    /* On a replay connection only: the client's replay ring (graphd_ring_t) for posted replays,
+     * a sealed memfd of GRAPHD_RING_BYTES that comes with the frame (SCM_RIGHTS). The OK reply's
+     * arg is GRAPHD_RING_SLOTS. From then on the client's posted replays go into the ring and
+     * no longer as REPLAY frames on that connection. */
+    GRAPHD_FRAME_RING = 7,
+    /* On a replay connection with a ring: the executor was asleep when the client put a replay
+     * into the ring (graphd_ring_t.asleep); no reply. */
+    GRAPHD_FRAME_WAKE = 8,
     GRAPHD_FRAME_ERROR = 0x7fff, /* unsolicited: the daemon closes the session after it */
     GRAPHD_FRAME_REPLY = 0x8000,
 };
@@ -113,6 +121,38 @@ enum graphd_device_family {
 #define GRAPHD_SEQ_DONE_OFFSET 128 /* written by the daemon's stream */
 /* What either side writes to end every wait on the counters when the session ends. */
 #define GRAPHD_SEQ_RELEASED (UINT64_C(1) << 62)
+
+/*
+ * A replay ring (GRAPHD_FRAME_RING): memory the client shares with the executor, so that a posted
+ * replay costs the client a few stores instead of a send, and the executor a load instead of a
+ * receive. The client writes slot[head % GRAPHD_RING_SLOTS] (a REPLAY frame's seq, id and arg, a
+ * POSTED replay), then head + 1 (release). The executor takes slots from its own count of what it
+ * took (never from what the memory says), publishes that count as tail, and refuses a head more
+ * than GRAPHD_RING_SLOTS ahead of it. Before it may sleep in poll the executor sets asleep = 1,
+ * then looks at head again; the client, after writing head, reads asleep and sends a WAKE frame
+ * when it is set (both with a full fence between the store and the load, so that one of the two
+ * sees the other). A posted replay that fails is answered on the socket as before, and failed is
+ * raised after the answer is queued: the client reads the socket when failed moved. All fields
+ * are 64-bit little-endian (asleep 32-bit), each on a cache line of its own.
+ */
+#define GRAPHD_RING_SLOTS 4096 /* as deep as a replay connection's socket buffer, about */
+#define GRAPHD_RING_BYTES                                                                          \
+    (4096 + GRAPHD_RING_SLOTS * 32) /* 135168: a page of counters, the slots */
+typedef struct graphd_ring_slot {
+    uint64_t seq, id, arg, zero;
+} graphd_ring_slot_t;
+typedef struct graphd_ring {
+    uint64_t head; /* client: slots written */
+    uint8_t pad0[56];
+    uint64_t tail; /* executor: slots taken */
+    uint8_t pad1[56];
+    uint32_t asleep; /* executor: 1 while it may sleep in poll */
+    uint8_t pad2[60];
+    uint64_t failed; /* executor: posted replays of the ring answered with an error so far */
+    uint8_t pad3[56];
+    graphd_ring_slot_t slot[GRAPHD_RING_SLOTS];
+} graphd_ring_t;
+_Static_assert(sizeof(graphd_ring_t) <= GRAPHD_RING_BYTES, "graphd_ring_t fits GRAPHD_RING_BYTES");
 
 /* status in replies is a gRPC status code, so both planes report errors alike. */
 typedef struct graphd_frame {

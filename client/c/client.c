@@ -109,12 +109,14 @@ void graphd__client_unref(graphd_client_t *c)
 static int read_settings(graphd_client_t *c, const char *address)
 {
     char err[GRAPHD__ERRMSG_MAX], value[GRAPHD__SETTING_MAX];
-    unsigned long timeout_ms, spin_us, direct, profile;
+    unsigned long timeout_ms, spin_us, direct, ring, profile;
     int rc = graphd__setting_uint("GRAPHD_TIMEOUT_MS", &timeout_ms, err, sizeof(err));
     if (rc == GRAPHD_OK)
         rc = graphd__setting_uint("GRAPHD_SPIN_US", &spin_us, err, sizeof(err));
     if (rc == GRAPHD_OK)
         rc = graphd__setting_uint("GRAPHD_DIRECT", &direct, err, sizeof(err));
+    if (rc == GRAPHD_OK)
+        rc = graphd__setting_uint("GRAPHD_REPLAY_RING", &ring, err, sizeof(err));
     if (rc == GRAPHD_OK)
         rc = graphd__setting("GRAPHD_REPLAY_ORDER", value, sizeof(value), err, sizeof(err));
     if (rc == GRAPHD_OK) /* checked here, read with the CUDA runtime (cuda.c) */
@@ -124,6 +126,7 @@ static int read_settings(graphd_client_t *c, const char *address)
     c->timeout_ms = (int)timeout_ms;
     c->spin_us = (int)spin_us;
     c->direct_on = direct != 0;
+    c->ring_on = ring != 0;
     c->posted = strcmp(value, "events") != 0; /* "sync" is the Python package's own */
     rc = graphd__address(address, value, sizeof(value), err, sizeof(err));
     if (rc != GRAPHD_OK)

@@ -356,7 +356,8 @@ static mem_op_t mem_op(unsigned int operation, unsigned long long address, unsig
         .value = {.operation = operation, .address = address, .value64 = value, .flags = flags}};
 }
 
-/* A posted REPLAY: the frame, then on stream a wait for ready >= n - 1, ready = n and a wait
+/* A posted REPLAY: the frame (or its slot in the connection's replay ring,
+ * graphd__dp_replay_post), then on stream a wait for ready >= n - 1, ready = n and a wait
  * for done >= n, in one driver call; no answer is read (a failure comes back later,
  * graphd__dp_drain). Inside a training step a posted replay call has cost several times what
  * it costs alone (docs/BENCHMARKS.md, "Step profile"): one driver call instead of three is one

@@ -6,11 +6,13 @@
  * socket ends the session; a broken replay connection only closes that connection.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <time.h>
@@ -66,12 +68,30 @@ static int closed(graphd_client_t *c, sock_t s)
  * exchange costs one send and one receive rather than a try, a poll and a retry. Each call waits
  * at most the client's timeout; the deadline bounds a frame that comes in pieces.
  */
-static int send_all(graphd_client_t *c, sock_t s, const uint8_t *buf, size_t len, int64_t deadline)
+static int send_all(graphd_client_t *c, sock_t s, const uint8_t *buf, size_t len, int64_t deadline,
+                    int send_fd)
 {
+    union {
+        char buf[CMSG_SPACE(sizeof(int))];
+        struct cmsghdr align;
+    } control;
     while (len > 0) {
-        ssize_t n = send(s.fd, buf, len, MSG_NOSIGNAL);
+        struct iovec iov = {.iov_base = (void *)buf, .iov_len = len};
+        struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
+        if (send_fd >= 0) { /* with the first bytes only */
+            memset(&control, 0, sizeof(control));
+            msg.msg_control = control.buf;
+            msg.msg_controllen = sizeof(control.buf);
+            struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
+            cm->cmsg_level = SOL_SOCKET;
+            cm->cmsg_type = SCM_RIGHTS;
+            cm->cmsg_len = CMSG_LEN(sizeof(int));
+            memcpy(CMSG_DATA(cm), &send_fd, sizeof(int));
+        }
+        ssize_t n = sendmsg(s.fd, &msg, MSG_NOSIGNAL);
         if (n >= 0) {
             buf += n, len -= (size_t)n;
+            send_fd = -1;
             if (len > 0 && now_ms() >= deadline)
                 return timed_out(c, s);
             continue;
@@ -207,9 +227,11 @@ static int no_socket(graphd_client_t *c)
                         "no session socket: call graphd_hello first");
 }
 
-/* Sends a request frame, the client's next seq (into *seq), with send_len bytes of message. */
+/* Sends a request frame, the client's next seq (into *seq), with send_len bytes of message and
+ * send_fd (-1: none) as SCM_RIGHTS. */
 static int send_request(graphd_client_t *c, sock_t s, uint16_t type, uint64_t id, uint64_t arg,
-                        const void *send, size_t send_len, int64_t deadline, uint64_t *seq)
+                        const void *send, size_t send_len, int64_t deadline, uint64_t *seq,
+                        int send_fd)
 {
     graphd_frame_t req = {
         .magic = GRAPHD_FRAME_MAGIC,
@@ -225,7 +247,7 @@ static int send_request(graphd_client_t *c, sock_t s, uint16_t type, uint64_t id
     if (send_len > 0)
         memcpy(raw + GRAPHD_FRAME_SIZE, send, send_len);
     *seq = req.seq;
-    return send_all(c, s, raw, GRAPHD_FRAME_SIZE + send_len, deadline);
+    return send_all(c, s, raw, GRAPHD_FRAME_SIZE + send_len, deadline, send_fd);
 }
 
 /* ---- replay connections ------------------------------------------------------------------ */
@@ -239,13 +261,22 @@ static struct graphd__direct *direct_find(graphd_client_t *c, uint64_t key)
     return NULL;
 }
 
-/* Whether fd is one of the session's replay connections. */
-static bool direct_by_fd(const graphd_client_t *c, int fd)
+/* The replay connection on fd, or NULL. */
+static struct graphd__direct *direct_of(graphd_client_t *c, int fd)
 {
     for (size_t i = 0; i < c->ndirect; i++)
         if (c->direct[i].fd == fd)
-            return true;
-    return false;
+            return &c->direct[i];
+    return NULL;
+}
+
+/* Closes a replay connection and unmaps its ring. */
+static void direct_close(struct graphd__direct *d)
+{
+    close(d->fd);
+    if (d->ring != NULL)
+        munmap(d->ring, GRAPHD_RING_BYTES);
+    d->ring = NULL;
 }
 
 /* Closes the replay connection on fd (it broke, or the executor ended it). */
@@ -253,7 +284,7 @@ static void direct_forget(graphd_client_t *c, int fd)
 {
     for (size_t i = 0; i < c->ndirect; i++)
         if (c->direct[i].fd == fd) {
-            close(fd);
+            direct_close(&c->direct[i]);
             c->direct[i] = c->direct[--c->ndirect];
             return;
         }
@@ -262,7 +293,7 @@ static void direct_forget(graphd_client_t *c, int fd)
 void graphd__dp_close(graphd_client_t *c)
 {
     while (c->ndirect > 0)
-        close(c->direct[--c->ndirect].fd);
+        direct_close(&c->direct[--c->ndirect]);
     if (c->session_fd >= 0) {
         close(c->session_fd);
         c->session_fd = -1;
@@ -305,7 +336,7 @@ static int direct_ask(graphd_client_t *c, graphd_graph_t *g, int *fd)
         if (d == NULL)
             d = &c->direct[c->ndirect++];
         else
-            close(d->fd);
+            direct_close(d);
         *d = (struct graphd__direct){.key = key, .fd = nfd};
     } else if (direct_find(c, key) == NULL) {
         return graphd__fail(c, GRAPHD_EPROTO, "graphd named replay connection %llu, unknown here",
@@ -358,7 +389,7 @@ static int direct_lost(graphd_client_t *c, graphd_graph_t *g, int rc)
 static int post_on(graphd_client_t *c, sock_t s, uint16_t type, uint64_t id, uint64_t arg)
 {
     uint64_t seq;
-    int rc = send_request(c, s, type, id, arg, NULL, 0, now_ms() + c->timeout_ms, &seq);
+    int rc = send_request(c, s, type, id, arg, NULL, 0, now_ms() + c->timeout_ms, &seq, -1);
     if (rc != GRAPHD_OK)
         broken(c, s);
     return rc;
@@ -369,6 +400,17 @@ int graphd__dp_post(graphd_client_t *c, uint16_t type, uint64_t id, uint64_t arg
     if (c->session_fd < 0)
         return no_socket(c);
     return post_on(c, SESSION_SOCK(c), type, id, arg);
+}
+
+/* The failure of a posted replay not reported yet, once. */
+static int posted_failure(graphd_client_t *c)
+{
+    if (c->posted_err) {
+        int err = c->posted_err;
+        c->posted_err = 0;
+        return graphd__fail(c, err, "%s", c->posted_msg);
+    }
+    return GRAPHD_OK;
 }
 
 /* Reads the answers to posted replays that have come on s. */
@@ -393,8 +435,34 @@ static int drain_sock(graphd_client_t *c, sock_t s)
     return GRAPHD_OK;
 }
 
+/* How often graphd__dp_drain reads the sockets even while every ring is quiet: a replay
+ * connection that closed (its executor died) or an ERROR frame on the session socket is seen
+ * within this time, or when a ring fills up. */
+#define DRAIN_EVERY_US 1000
+
+/* Whether the sockets may be left unread now: every posted replay goes into a ring, no ring's
+ * failed count moved, and they were read less than DRAIN_EVERY_US ago. */
+static bool rings_quiet(graphd_client_t *c, int64_t now)
+{
+    if (!c->direct_on || !c->ring_on || now - c->drained_us >= DRAIN_EVERY_US)
+        return false;
+    for (size_t i = 0; i < c->ndirect; i++) {
+        const struct graphd__direct *d = &c->direct[i];
+        if (d->ring == NULL || __atomic_load_n(&d->ring->failed, __ATOMIC_ACQUIRE) != d->failed)
+            return false;
+    }
+    return true;
+}
+
 int graphd__dp_drain(graphd_client_t *c)
 {
+    int64_t now = now_us();
+    if (rings_quiet(c, now))
+        return posted_failure(c);
+    c->drained_us = now;
+    for (size_t i = 0; i < c->ndirect; i++)
+        if (c->direct[i].ring != NULL)
+            c->direct[i].failed = __atomic_load_n(&c->direct[i].ring->failed, __ATOMIC_ACQUIRE);
     /* One poll for every socket (this runs before each replay): only those with something to
      * read are drained. */
     struct pollfd p[GRAPHD__MAX_DIRECT + 1];
@@ -413,18 +481,13 @@ int graphd__dp_drain(graphd_client_t *c)
                 continue;
             if (p[i].fd == c->session_fd)
                 rc = drain_sock(c, SESSION_SOCK(c));
-            else if (direct_by_fd(c, p[i].fd))
+            else if (direct_of(c, p[i].fd) != NULL)
                 rc = drain_sock(c, (sock_t){p[i].fd, "the replay connection"});
         }
     }
     if (rc != GRAPHD_OK)
         return rc;
-    if (c->posted_err) {
-        int err = c->posted_err;
-        c->posted_err = 0;
-        return graphd__fail(c, err, "%s", c->posted_msg);
-    }
-    return GRAPHD_OK;
+    return posted_failure(c);
 }
 
 int graphd__dp_request(graphd_client_t *c, uint16_t type, uint64_t id, uint64_t arg,
@@ -435,8 +498,8 @@ int graphd__dp_request(graphd_client_t *c, uint16_t type, uint64_t id, uint64_t 
 
 /* One request and its answer on s; see graphd__dp_exchange. *eof is set when s closed under it. */
 static int exchange_on(graphd_client_t *c, sock_t s, uint16_t type, uint64_t id, uint64_t arg,
-                       const void *send, size_t send_len, uint64_t *arg_out, int *fd_out,
-                       void *payload, size_t *payload_len, int *eof)
+                       const void *send, size_t send_len, int send_fd, uint64_t *arg_out,
+                       int *fd_out, void *payload, size_t *payload_len, int *eof)
 {
     *eof = 0;
     if (send_len > GRAPHD_FRAME_MAX_MSG)
@@ -446,7 +509,7 @@ static int exchange_on(graphd_client_t *c, sock_t s, uint16_t type, uint64_t id,
 
     int64_t deadline = now_ms() + c->timeout_ms;
     uint64_t seq;
-    int rc = send_request(c, s, type, id, arg, send, send_len, deadline, &seq);
+    int rc = send_request(c, s, type, id, arg, send, send_len, deadline, &seq, send_fd);
     if (rc != GRAPHD_OK)
         goto broken;
 
@@ -508,8 +571,8 @@ int graphd__dp_exchange(graphd_client_t *c, uint16_t type, uint64_t id, uint64_t
     if (c->session_fd < 0)
         return no_socket(c);
     int eof;
-    return exchange_on(c, SESSION_SOCK(c), type, id, arg, send, send_len, arg_out, fd_out, payload,
-                       payload_len, &eof);
+    return exchange_on(c, SESSION_SOCK(c), type, id, arg, send, send_len, -1, arg_out, fd_out,
+                       payload, payload_len, &eof);
 }
 
 int graphd__dp_replay(graphd_client_t *c, graphd_graph_t *g, uint64_t arg, uint64_t *arg_out)
@@ -519,11 +582,108 @@ int graphd__dp_replay(graphd_client_t *c, graphd_graph_t *g, uint64_t arg, uint6
     if (rc != GRAPHD_OK)
         return rc;
     int eof;
-    rc = exchange_on(c, s, GRAPHD_FRAME_REPLAY, g->id, arg, NULL, 0, arg_out, NULL, NULL, NULL,
+    rc = exchange_on(c, s, GRAPHD_FRAME_REPLAY, g->id, arg, NULL, 0, -1, arg_out, NULL, NULL, NULL,
                      &eof);
     if (eof && s.fd != c->session_fd)
         rc = direct_lost(c, g, rc);
     return rc;
+}
+
+/* ---- replay rings ---------------------------------------------------------------------- */
+
+/* Makes d's replay ring: a sealed memfd, mapped here and sent with a RING frame. A refusal
+ * leaves d on REPLAY frames; GRAPHD_OK either way unless the connection broke under it. */
+static int ring_open(graphd_client_t *c, struct graphd__direct *d, sock_t s)
+{
+    d->ring_tried = 1;
+    int fd = memfd_create("graphd-replay-ring", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (fd < 0)
+        return GRAPHD_OK; /* frames, as before */
+    void *m = MAP_FAILED;
+    if (ftruncate(fd, GRAPHD_RING_BYTES) == 0 &&
+        fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) == 0)
+        m = mmap(NULL, GRAPHD_RING_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (m == MAP_FAILED) {
+        close(fd);
+        return GRAPHD_OK;
+    }
+    uint64_t slots = 0;
+    int eof;
+    int rc =
+        exchange_on(c, s, GRAPHD_FRAME_RING, 0, 0, NULL, 0, fd, &slots, NULL, NULL, NULL, &eof);
+    close(fd);
+    if (rc == GRAPHD_OK && slots == GRAPHD_RING_SLOTS) {
+        d = direct_of(c, s.fd); /* the exchange may have moved the table: it did not close s */
+        d->ring = m;
+        d->head = 0;
+        d->failed = 0;
+        return GRAPHD_OK;
+    }
+    munmap(m, GRAPHD_RING_BYTES);
+    if (eof || direct_of(c, s.fd) == NULL)
+        return rc != GRAPHD_OK ? rc : GRAPHD_EUNAVAILABLE; /* the connection is gone */
+    return GRAPHD_OK; /* refused (a status): frames on this connection */
+}
+
+/* Sends WAKE on s: the executor may be asleep in poll with a slot of ours waiting. */
+static int ring_wake(graphd_client_t *c, sock_t s)
+{
+    uint64_t seq;
+    int rc =
+        send_request(c, s, GRAPHD_FRAME_WAKE, 0, 0, NULL, 0, now_ms() + c->timeout_ms, &seq, -1);
+    if (rc != GRAPHD_OK)
+        broken(c, s);
+    return rc;
+}
+
+/* Waits until d's ring has a free slot: the executor is behind by a whole ring (busy with
+ * another request, or stopped). Reads the socket meanwhile (failures, its close), and gives up
+ * after the client's timeout, as a send into a full socket would. */
+static int ring_wait_room(graphd_client_t *c, struct graphd__direct *d, sock_t s)
+{
+    int64_t deadline = now_ms() + c->timeout_ms;
+    while (d->head - __atomic_load_n(&d->ring->tail, __ATOMIC_ACQUIRE) >= GRAPHD_RING_SLOTS) {
+        __atomic_thread_fence(__ATOMIC_SEQ_CST);
+        if (__atomic_load_n(&d->ring->asleep, __ATOMIC_RELAXED)) {
+            int rc = ring_wake(c, s);
+            if (rc != GRAPHD_OK)
+                return rc;
+        }
+        struct pollfd p = {.fd = s.fd, .events = POLLIN};
+        if (poll(&p, 1, 1) > 0) {
+            int rc = drain_sock(c, s);
+            if (rc != GRAPHD_OK)
+                return rc;
+            if (direct_of(c, s.fd) == NULL)
+                return closed(c, s);
+        }
+        if (now_ms() >= deadline)
+            return graphd__fail(c, GRAPHD_EDEADLINE_EXCEEDED,
+                                "the executor took none of the %d replays queued in %s's ring "
+                                "within %d ms",
+                                GRAPHD_RING_SLOTS, s.name, c->timeout_ms);
+    }
+    return GRAPHD_OK;
+}
+
+/* A posted REPLAY into d's ring: the slot, then head, then WAKE when the executor sleeps. */
+static int ring_post(graphd_client_t *c, struct graphd__direct *d, sock_t s, uint64_t id,
+                     uint64_t arg)
+{
+    if (d->head - __atomic_load_n(&d->ring->tail, __ATOMIC_ACQUIRE) >= GRAPHD_RING_SLOTS) {
+        int rc = ring_wait_room(c, d, s);
+        if (rc != GRAPHD_OK)
+            return rc;
+    }
+    graphd_ring_slot_t *slot = &d->ring->slot[d->head % GRAPHD_RING_SLOTS];
+    __atomic_store_n(&slot->seq, ++c->seq, __ATOMIC_RELAXED);
+    __atomic_store_n(&slot->id, id, __ATOMIC_RELAXED);
+    __atomic_store_n(&slot->arg, arg, __ATOMIC_RELAXED);
+    __atomic_store_n(&d->ring->head, ++d->head, __ATOMIC_RELEASE);
+    __atomic_thread_fence(__ATOMIC_SEQ_CST); /* against the executor's asleep, then head */
+    if (__atomic_load_n(&d->ring->asleep, __ATOMIC_RELAXED))
+        return ring_wake(c, s);
+    return GRAPHD_OK;
 }
 
 int graphd__dp_replay_post(graphd_client_t *c, graphd_graph_t *g, uint64_t arg)
@@ -532,7 +692,23 @@ int graphd__dp_replay_post(graphd_client_t *c, graphd_graph_t *g, uint64_t arg)
     int rc = replay_sock(c, g, &s);
     if (rc != GRAPHD_OK)
         return rc;
-    rc = post_on(c, s, GRAPHD_FRAME_REPLAY, g->id, arg);
+    struct graphd__direct *d = s.fd != c->session_fd ? direct_of(c, s.fd) : NULL;
+    if (d != NULL && c->ring_on && !d->ring_tried) {
+        rc = ring_open(c, d, s);
+        if (rc != GRAPHD_OK) {
+            /* The connection closed under RING: an executor that does not know it ends the
+             * connection. Frames from now on, on a new one. */
+            c->ring_on = 0;
+            rc = replay_sock(c, g, &s);
+            if (rc != GRAPHD_OK)
+                return rc;
+        }
+        d = s.fd != c->session_fd ? direct_of(c, s.fd) : NULL;
+    }
+    if (d != NULL && d->ring != NULL)
+        rc = ring_post(c, d, s, g->id, arg);
+    else
+        rc = post_on(c, s, GRAPHD_FRAME_REPLAY, g->id, arg);
     if (rc == GRAPHD_EUNAVAILABLE && s.fd != c->session_fd)
         rc = direct_lost(c, g, rc);
     return rc;

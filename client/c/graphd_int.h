@@ -131,13 +131,21 @@ struct graphd_client {
     } seqs[GRAPHD__MAX_EVENT_DEVICES];
     size_t nseqs;
     /* Replay connections (DIRECT frames): REPLAY frames straight to the executor that holds the
-     * graph, one socket per executor, named by the daemon's key. direct_on: GRAPHD_DIRECT. */
+     * graph, one socket per executor, named by the daemon's key. direct_on: GRAPHD_DIRECT. With
+     * ring_on (GRAPHD_REPLAY_RING) posted replays go into a replay ring shared with the executor
+     * (RING frame, graphd_ring_t), set up on a connection's first posted replay (ring_tried). */
     struct graphd__direct {
         uint64_t key;
         int fd;
+        graphd_ring_t *ring; /* NULL: REPLAY frames */
+        uint64_t head;       /* slots this client wrote */
+        uint64_t failed;     /* the ring's failed count when the socket was last read */
+        int ring_tried;
     } direct[GRAPHD__MAX_DIRECT];
     size_t ndirect;
     int direct_on;
+    int ring_on;
+    int64_t drained_us; /* when graphd__dp_drain last read the sockets (CLOCK_MONOTONIC) */
     /* 1: graphd_replay_stream posts its replays (GRAPHD_REPLAY_POSTED); 0: it orders them by
      * events and waits for the daemon's answer (GRAPHD_REPLAY_ORDER=events, or a daemon or
      * driver without stream memory operations). */

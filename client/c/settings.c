@@ -53,6 +53,10 @@ static const setting_t settings[] = {
     {"GRAPHD_DIRECT", SET_BOOL, "1", NULL, 0, 1, NULL,
      "1: REPLAY frames go straight to the executor that holds the graph, on a replay connection "
      "per executor; 0: through the daemon's session socket (one hop more)"},
+    {"GRAPHD_REPLAY_RING", SET_BOOL, "1", NULL, 0, 1, NULL,
+     "1: posted replays go to the executor through a ring in memory shared with it, with no "
+     "system call while the executor is awake; 0: a REPLAY frame each on the replay connection "
+     "(needs GRAPHD_DIRECT=1)"},
     {"GRAPHD_TLS_CA", SET_PATH, "", NULL, 0, 0, NULL,
      "PEM file of the roots trusted for a TCP address (a private CA or the daemon's self-signed "
      "certificate); empty: gRPC's default roots"},
@@ -70,7 +74,8 @@ static const setting_t settings[] = {
      "(Debian: package libze1); a name is searched as dlopen does, a path taken as given"},
     {"GRAPHD_REPLAY_PROFILE", SET_BOOL, "0", NULL, 0, 1, NULL,
      "1: libgraphd times the parts of each posted replay call (the drain of earlier answers, "
-     "the frame, the stream operations, the rest) and prints their means to stderr when the "
+     "the frame or ring slot, the stream operations, the rest) and prints their means to stderr "
+     "when the "
      "process exits; for profiles (bench/step_profile.py), not for production"},
     {"GRAPHD_SLOW_CAPTURE_S", SET_UINT, "2", NULL, 0, 86400, NULL,
      "the Python package logs one line (logger \"graphd\") when make_graphed_callables has been "

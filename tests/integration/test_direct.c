@@ -13,7 +13,12 @@
  *   with replays queued on its connection has them dropped, not run, and the next session of the
  *   same uid is served at once;
  * - a client that never reads its answers is disconnected at reply_buffer_max_bytes while
- *   another session of the same executor keeps replaying.
+ *   another session of the same executor keeps replaying;
+ * - a replay ring (RING) is checked before the executor maps it (a sealed memfd of the ring's
+ *   size; a refusal leaves the connection on frames), a slot is run as the REPLAY frame it stands
+ *   for once the executor wakes (WAKE, sent because it said it was asleep), a failed posted slot
+ *   is answered on the socket and counted in the ring, and a slot that is not a posted replay or
+ *   a head out of reach ends that connection alone.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -22,9 +27,12 @@
 
 #include <errno.h>
 #include <poll.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -192,7 +200,7 @@ static void a_replay_connection_is_its_sessions_alone(void **state)
     dp_send_frame(conn, GRAPHD_FRAME_MAP, 4, 1, 0);
     recv_answer(conn, &r, msg, sizeof msg);
     assert_int_equal(r.type, GRAPHD_FRAME_ERROR);
-    assert_non_null(strstr(msg, "REPLAY frames"));
+    assert_non_null(strstr(msg, "takes REPLAY"));
     uint8_t byte;
     assert_int_equal(dp_read(conn, &byte, 1), 0);
     close(conn);
@@ -352,6 +360,226 @@ static void a_client_that_never_reads_is_disconnected(void **state)
     graphd_close(b);
 }
 
+/* ---- replay rings ------------------------------------------------------------------------- */
+
+/* A memfd of size bytes, sealed against shrinking when sealed. */
+static int ring_memfd(size_t size, bool sealed)
+{
+    int fd = memfd_create("test-ring", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    assert_true(fd >= 0);
+    assert_int_equal(ftruncate(fd, (off_t)size), 0);
+    if (sealed)
+        assert_int_equal(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW), 0);
+    return fd;
+}
+
+/* A RING frame on conn with ring_fd (-1: none) as SCM_RIGHTS; its answer into *r and msg. */
+static void ring_ask(int conn, uint64_t seq, int ring_fd, graphd_frame_t *r, char *msg, size_t size)
+{
+    uint8_t raw[GRAPHD_FRAME_SIZE];
+    graphd_frame_t fr = {.magic = GRAPHD_FRAME_MAGIC,
+                         .version = GRAPHD_FRAME_VERSION,
+                         .type = GRAPHD_FRAME_RING,
+                         .seq = seq};
+    graphd_frame_encode(&fr, raw);
+    union {
+        char buf[CMSG_SPACE(sizeof(int))];
+        struct cmsghdr align;
+    } control;
+    memset(&control, 0, sizeof control);
+    struct iovec iov = {.iov_base = raw, .iov_len = sizeof raw};
+    struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
+    if (ring_fd >= 0) {
+        mh.msg_control = control.buf;
+        mh.msg_controllen = sizeof control.buf;
+        struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
+        cm->cmsg_level = SOL_SOCKET;
+        cm->cmsg_type = SCM_RIGHTS;
+        cm->cmsg_len = CMSG_LEN(sizeof(int));
+        memcpy(CMSG_DATA(cm), &ring_fd, sizeof(int));
+    }
+    assert_int_equal(sendmsg(conn, &mh, MSG_NOSIGNAL), (ssize_t)sizeof raw);
+    recv_answer(conn, r, msg, size);
+    assert_int_equal(r->type, GRAPHD_FRAME_RING | GRAPHD_FRAME_REPLY);
+    assert_int_equal(r->seq, seq);
+}
+
+/* A new replay connection of session fd for graph id, with a ring mapped at *ring. */
+static int ringed_conn(int fd, uint64_t seq, uint64_t id, graphd_ring_t **ring)
+{
+    graphd_frame_t r;
+    char msg[GRAPHD_FRAME_MAX_MSG + 1];
+    int conn = dp_direct(fd, seq, id, GRAPHD_DIRECT_RENEW, &r, msg, sizeof msg);
+    assert_true(conn >= 0);
+    int mfd = ring_memfd(GRAPHD_RING_BYTES, true);
+    *ring = mmap(NULL, GRAPHD_RING_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, mfd, 0);
+    assert_true(*ring != MAP_FAILED);
+    ring_ask(conn, 1, mfd, &r, msg, sizeof msg);
+    close(mfd);
+    if (r.status != 0)
+        fail_msg("RING refused: %s", msg);
+    assert_int_equal(r.arg, GRAPHD_RING_SLOTS);
+    return conn;
+}
+
+/* Puts one slot into ring as a client does (graphd_ring_t): the slot, head, then WAKE on conn
+ * when the executor is asleep. true when it was (a WAKE went). */
+static bool ring_put(int conn, graphd_ring_t *ring, uint64_t seq, uint64_t id, uint64_t arg)
+{
+    uint64_t head = ring->head;
+    graphd_ring_slot_t *slot = &ring->slot[head % GRAPHD_RING_SLOTS];
+    slot->seq = seq;
+    slot->id = id;
+    slot->arg = arg;
+    __atomic_store_n(&ring->head, head + 1, __ATOMIC_RELEASE);
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    if (!__atomic_load_n(&ring->asleep, __ATOMIC_RELAXED))
+        return false;
+    dp_send_frame(conn, GRAPHD_FRAME_WAKE, 0, 0, 0);
+    return true;
+}
+
+/* A ring is checked before it is mapped; a refused RING leaves the connection on frames. */
+static void a_replay_ring_is_checked_before_it_is_mapped(void **state)
+{
+    harness_fixture_t *f = *state;
+    int fa;
+    graphd_client_t *a = dp_client_with_fd(&f->h, "ring-check", &fa);
+    harness_graph_t ga;
+    capture(a, &f->m, "mlp.pt", 4, 16, &ga);
+    uint64_t id = graphd_graph_id(ga.g);
+    graphd_frame_t r;
+    char msg[GRAPHD_FRAME_MAX_MSG + 1];
+    int conn = dp_direct(fa, 9401, id, GRAPHD_DIRECT_RENEW, &r, msg, sizeof msg);
+    assert_true(conn >= 0);
+
+    static const struct {
+        size_t size;
+        bool sealed, fd;
+        const char *says;
+    } bad[] = {
+        {GRAPHD_RING_BYTES, true, false, "memfd (SCM_RIGHTS)"},
+        {GRAPHD_RING_BYTES, false, true, "F_SEAL_SHRINK"},
+        {4096, true, true, "exactly GRAPHD_RING_BYTES"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        int mfd = bad[i].fd ? ring_memfd(bad[i].size, bad[i].sealed) : -1;
+        ring_ask(conn, 10 + i, mfd, &r, msg, sizeof msg);
+        if (mfd >= 0)
+            close(mfd);
+        assert_int_equal(r.status, 3 /* INVALID_ARGUMENT */);
+        if (strstr(msg, bad[i].says) == NULL)
+            fail_msg("RING case %zu: '%s' does not say '%s'", i, msg, bad[i].says);
+        /* The connection goes on, with frames. */
+        dp_send_frame(conn, GRAPHD_FRAME_REPLAY, 20 + i, id, GRAPHD_PHASE_FORWARD);
+        recv_answer(conn, &r, msg, sizeof msg);
+        assert_int_equal(r.type, GRAPHD_FRAME_REPLAY | GRAPHD_FRAME_REPLY);
+        assert_int_equal(r.status, 0);
+    }
+    /* WAKE before a ring is a frame the connection does not take. */
+    dp_send_frame(conn, GRAPHD_FRAME_WAKE, 30, 0, 0);
+    recv_answer(conn, &r, msg, sizeof msg);
+    assert_int_equal(r.type, GRAPHD_FRAME_ERROR);
+    assert_non_null(strstr(msg, "(with a ring) WAKE"));
+    close(conn);
+
+    /* A good one, then a second: ALREADY_EXISTS, and the first stays. */
+    graphd_ring_t *ring;
+    conn = ringed_conn(fa, 9402, id, &ring);
+    int mfd = ring_memfd(GRAPHD_RING_BYTES, true);
+    ring_ask(conn, 2, mfd, &r, msg, sizeof msg);
+    close(mfd);
+    assert_int_equal(r.status, 6 /* ALREADY_EXISTS */);
+    dp_send_frame(conn, GRAPHD_FRAME_WAKE, 3, 0, 0); /* a ring now: taken, not answered */
+    dp_send_frame(conn, GRAPHD_FRAME_REPLAY, 4, id, GRAPHD_PHASE_FORWARD);
+    recv_answer(conn, &r, msg, sizeof msg);
+    assert_int_equal(r.seq, 4);
+    assert_int_equal(r.status, 0);
+    close(conn);
+    munmap(ring, GRAPHD_RING_BYTES);
+    harness_graph_release(&ga);
+    graphd_close(a);
+}
+
+/* Waits up to 5 s for ring's failed count to reach n. */
+static void wait_failed(graphd_ring_t *ring, uint64_t n)
+{
+    for (int i = 0; i < 5000 && __atomic_load_n(&ring->failed, __ATOMIC_ACQUIRE) < n; i++)
+        usleep(1000);
+    assert_int_equal(__atomic_load_n(&ring->failed, __ATOMIC_ACQUIRE), n);
+}
+
+/* Slots are run as their frames, woken by WAKE; a slot the ring does not take, or a head out of
+ * reach, ends that connection and no other session's work. */
+static void a_replay_rings_slots_are_frames_and_a_bad_one_ends_its_connection(void **state)
+{
+    harness_fixture_t *f = *state;
+    int fa, fb;
+    graphd_client_t *a = dp_client_with_fd(&f->h, "ring-slots", &fa);
+    graphd_client_t *b = dp_client_with_fd(&f->h, "ring-neighbour", &fb);
+    harness_graph_t ga, gb;
+    capture(a, &f->m, "mlp.pt", 4, 16, &ga);
+    capture(b, &f->m, "mlp.pt", 4, 16, &gb);
+    uint64_t id = graphd_graph_id(ga.g);
+    graphd_frame_t r;
+    char msg[GRAPHD_FRAME_MAX_MSG + 1];
+    uint8_t byte;
+
+    /* A posted slot for cuda:0 on cpu:0's executor: run as that frame would be (refused, with
+     * both devices named), answered on the socket, counted in failed. The cpu executor never
+     * polls after a replay, so it was asleep: the slot needed the WAKE. */
+    graphd_ring_t *ring;
+    int conn = ringed_conn(fa, 9501, id, &ring);
+    usleep(20000); /* let it go to sleep */
+    const uint64_t code = GRAPHD_DEVICE_CODE(GRAPHD_DEVICE_CUDA, 0);
+    assert_true(ring_put(conn, ring, 41, id,
+                         GRAPHD_PHASE_FORWARD | GRAPHD_REPLAY_POSTED |
+                             (code << GRAPHD_REPLAY_DEVICE_SHIFT) |
+                             (1ull << GRAPHD_REPLAY_SEQ_SHIFT)));
+    recv_answer(conn, &r, msg, sizeof msg);
+    assert_int_equal(r.type, GRAPHD_FRAME_ERROR);
+    assert_int_equal(r.seq, 41);
+    if (strstr(msg, "posted REPLAY for cuda:0 on the connection of cpu:0") == NULL)
+        fail_msg("posted slot for cuda:0: '%s'", msg);
+    wait_failed(ring, 1);
+    assert_int_equal(__atomic_load_n(&ring->tail, __ATOMIC_ACQUIRE), 1);
+    assert_int_equal(dp_read(conn, &byte, 1), 0);
+    close(conn);
+    munmap(ring, GRAPHD_RING_BYTES);
+
+    /* A slot that is not a posted replay. */
+    conn = ringed_conn(fa, 9502, id, &ring);
+    ring_put(conn, ring, 42, id, GRAPHD_PHASE_FORWARD);
+    dp_send_frame(conn, GRAPHD_FRAME_WAKE, 0, 0, 0); /* asleep or not */
+    recv_answer(conn, &r, msg, sizeof msg);
+    assert_int_equal(r.type, GRAPHD_FRAME_ERROR);
+    assert_non_null(strstr(msg, "posted replays only"));
+    wait_failed(ring, 1);
+    assert_int_equal(dp_read(conn, &byte, 1), 0);
+    close(conn);
+    munmap(ring, GRAPHD_RING_BYTES);
+
+    /* A head more than a ring ahead of what the executor took. */
+    conn = ringed_conn(fa, 9503, id, &ring);
+    __atomic_store_n(&ring->head, GRAPHD_RING_SLOTS + 1, __ATOMIC_RELEASE);
+    dp_send_frame(conn, GRAPHD_FRAME_WAKE, 0, 0, 0);
+    recv_answer(conn, &r, msg, sizeof msg);
+    assert_int_equal(r.type, GRAPHD_FRAME_ERROR);
+    assert_non_null(strstr(msg, "out of step"));
+    assert_int_equal(dp_read(conn, &byte, 1), 0);
+    close(conn);
+    munmap(ring, GRAPHD_RING_BYTES);
+
+    /* Neither session lost anything: both replay, a's on a new connection. */
+    fill_input(&ga, 1.0f);
+    assert_int_equal(graphd_replay(ga.g, GRAPHD_PHASE_FORWARD, NULL), GRAPHD_OK);
+    assert_int_equal(graphd_replay(gb.g, GRAPHD_PHASE_FORWARD, NULL), GRAPHD_OK);
+    harness_graph_release(&ga);
+    harness_graph_release(&gb);
+    graphd_close(a);
+    graphd_close(b);
+}
+
 static int setup(void **state)
 {
     static harness_fixture_t f;
@@ -375,6 +603,8 @@ int main(void)
         cmocka_unit_test(a_posted_replay_names_its_device_by_code),
         cmocka_unit_test(a_dead_clients_queued_replays_are_dropped),
         cmocka_unit_test(a_client_that_never_reads_is_disconnected),
+        cmocka_unit_test(a_replay_ring_is_checked_before_it_is_mapped),
+        cmocka_unit_test(a_replay_rings_slots_are_frames_and_a_bad_one_ends_its_connection),
     };
     return cmocka_run_group_tests_name("direct", tests, setup, teardown);
 }

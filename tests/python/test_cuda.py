@@ -288,6 +288,42 @@ def test_replay_profile_reports_the_parts_of_the_posted_replay_calls(tmp_path):
         assert frame > 0 and ops > 0 and drain + device + frame + ops <= whole + 4, lines[0]
 
 
+RINGED = r"""
+import torch, torch.nn as nn
+import graphd
+torch.manual_seed(0)
+m = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 8)).cuda()
+opt = torch.optim.SGD(m.parameters(), lr=0.1)
+g = graphd.make_graphed_callables(m, (torch.randn(16, 64, device="cuda"),))
+x = torch.randn(16, 64, device="cuda")
+for _ in range(50):  # the steps queue without a host wait: many replays in the ring at once
+    opt.zero_grad(set_to_none=False)
+    g(x).square().mean().backward()
+    opt.step()
+torch.cuda.synchronize()
+ringed = "graphd-replay-ring" in open("/proc/self/maps").read()
+print("ring %d sum %r" % (ringed, float(sum(p.double().sum() for p in m.parameters()))))
+"""
+
+
+def test_posted_replays_through_the_ring_and_as_frames_agree(tmp_path):
+    """GRAPHD_REPLAY_RING=1 (the default) posts replays into a ring shared with the executor,
+    =0 sends a REPLAY frame each; 50 training steps give the same bits either way, and only
+    the first maps the ring."""
+    _need_cuda_here()
+    script = tmp_path / "ringed.py"
+    script.write_text(RINGED)
+    env = dict(os.environ, GRAPHD_REPLAY_ORDER="posted", GRAPHD_DIRECT="1")
+    out = {}
+    for on in ("1", "0"):
+        p = subprocess.run([sys.executable, str(script)], env=dict(env, GRAPHD_REPLAY_RING=on),
+                           capture_output=True, text=True, timeout=120)
+        assert p.returncode == 0, p.stderr
+        out[on] = p.stdout.split()
+    assert out["1"][:2] == ["ring", "1"] and out["0"][:2] == ["ring", "0"], out
+    assert out["1"][2:] == out["0"][2:], out
+
+
 CRASHER = r"""
 import os
 import torch, torch.nn as nn

@@ -16,10 +16,11 @@
 #include "graphd.h"
 
 static const char *const names[] = {
-    "GRAPHD_ADDRESS",          "GRAPHD_TIMEOUT_MS",  "GRAPHD_SPIN_US",
-    "GRAPHD_DIRECT",           "GRAPHD_TLS_CA",      "GRAPHD_REPLAY_ORDER",
-    "GRAPHD_COPY_PARAM_GRADS", "GRAPHD_ZE_LOADER",   "GRAPHD_REPLAY_PROFILE",
-    "GRAPHD_SLOW_CAPTURE_S",   "GRAPHD_TRACE_CACHE", "GRAPHD_TRACE_CACHE_DIR"};
+    "GRAPHD_ADDRESS",        "GRAPHD_TIMEOUT_MS",       "GRAPHD_SPIN_US",
+    "GRAPHD_DIRECT",         "GRAPHD_REPLAY_RING",      "GRAPHD_TLS_CA",
+    "GRAPHD_REPLAY_ORDER",   "GRAPHD_COPY_PARAM_GRADS", "GRAPHD_ZE_LOADER",
+    "GRAPHD_REPLAY_PROFILE", "GRAPHD_SLOW_CAPTURE_S",   "GRAPHD_TRACE_CACHE",
+    "GRAPHD_TRACE_CACHE_DIR"};
 #define NNAMES (sizeof(names) / sizeof(names[0]))
 
 static int setup(void **state)
@@ -89,6 +90,7 @@ static void defaults_when_unset_or_empty(void **state)
         assert_string_equal(value("GRAPHD_COPY_PARAM_GRADS"), "0");
         assert_string_equal(value("GRAPHD_ZE_LOADER"), "libze_loader.so.1");
         assert_string_equal(value("GRAPHD_REPLAY_PROFILE"), "0");
+        assert_string_equal(value("GRAPHD_REPLAY_RING"), "1");
         assert_string_equal(value("GRAPHD_SLOW_CAPTURE_S"), "2");
         assert_string_equal(value("GRAPHD_TRACE_CACHE"), "disk");
         assert_string_equal(value("GRAPHD_TRACE_CACHE_DIR"), "");
@@ -159,6 +161,7 @@ static void invalid_values_name_variable_value_and_what_is_accepted(void **state
         {"GRAPHD_COPY_PARAM_GRADS", "true",
          "GRAPHD_COPY_PARAM_GRADS=true is not valid: expected 0 or 1"},
         {"GRAPHD_REPLAY_PROFILE", "yes", "GRAPHD_REPLAY_PROFILE=yes is not valid: expected 0 or 1"},
+        {"GRAPHD_REPLAY_RING", "on", "GRAPHD_REPLAY_RING=on is not valid: expected 0 or 1"},
         {"GRAPHD_SLOW_CAPTURE_S", "86401",
          "GRAPHD_SLOW_CAPTURE_S=86401 is not valid: expected an integer from 0 to 86400"},
         /* Addresses gRPC would take for DNS names or fail on with its own words. */
