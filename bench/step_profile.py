@@ -123,9 +123,26 @@ def replays(g1, o1, g2, o2, x, y, steps):
         setattr(owner, name, wrapper)
         return orig
     fwd = graphd._lib.PHASE_FORWARD
+    from graphd import graphs as ggraphs
+
+    def phase_key(layer, phase):
+        return "graphd %s %s" % ("forward" if phase == fwd else "backward", layer)
     orig_cuda = timed(torch.cuda.CUDAGraph, "replay", lambda a: "in-process")
-    orig_gd = timed(gclient.Client, "_replay",
-                    lambda a: "graphd " + ("forward" if a[2] == fwd else "backward"))
+    # The layers of graphd's replay, outermost first, each timed around the one inside it:
+    # _Runner.replay (protect, recovery), Client._replay (lock, ctypes arguments), the ctypes
+    # call of graphd_replay_stream (GIL release, conversion, the C call; GRAPHD_REPLAY_PROFILE
+    # times the C call from inside).
+    orig_runner = timed(ggraphs._Runner, "replay", lambda a: phase_key("1 _Runner.replay", a[1]))
+    orig_gd = timed(gclient.Client, "_replay", lambda a: phase_key("2 Client._replay", a[2]))
+    lib = graphd._lib.lib()
+    orig_c = lib.graphd_replay_stream
+
+    def c_call(*a):
+        t0 = clock()
+        r = orig_c(*a)
+        rec.setdefault(phase_key("3 ctypes call", a[1]), []).append((clock() - t0, None))
+        return r
+    lib.graphd_replay_stream = c_call
     try:
         for g, o in ((g1, o1), (g2, o2)):
             for _ in range(steps):
@@ -136,13 +153,15 @@ def replays(g1, o1, g2, o2, x, y, steps):
     finally:
         torch.cuda.CUDAGraph.replay = orig_cuda
         gclient.Client._replay = orig_gd
+        ggraphs._Runner.replay = orig_runner
+        lib.graphd_replay_stream = orig_c
 
     def p50(v):
         return sorted(v)[len(v) // 2] / 1e3
-    print("replay calls, host µs p50     calls   call µs   daemon launch µs")
+    print("replay calls, host µs p50              calls   call µs   daemon launch µs")
     for key, v in sorted(rec.items()):
         daemon = [r for _, r in v if isinstance(r, int)]
-        print("%-30s %6d %9.1f %18s" % (key, len(v), p50([t for t, _ in v]),
+        print("%-39s %6d %9.1f %18s" % (key, len(v), p50([t for t, _ in v]),
                                         "%.1f" % p50(daemon) if daemon else "-"))
 
 
