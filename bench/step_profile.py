@@ -18,6 +18,7 @@ Usage (GPU machine, a graphd running): GRAPHD_ADDRESS=unix:/path python3 bench/s
 import argparse
 import copy
 import cProfile
+import ctypes
 import io
 import pstats
 import time
@@ -125,8 +126,10 @@ def replays(g1, o1, g2, o2, x, y, steps):
     fwd = graphd._lib.PHASE_FORWARD
     from graphd import graphs as ggraphs
 
+    variant = [""]  # the run's: "" (libgraphd as graphd loads it) or ", GIL kept"
+
     def phase_key(layer, phase):
-        return "graphd %s %s" % ("forward" if phase == fwd else "backward", layer)
+        return "graphd %s %s%s" % ("forward" if phase == fwd else "backward", layer, variant[0])
     orig_cuda = timed(torch.cuda.CUDAGraph, "replay", lambda a: "in-process")
     # The layers of graphd's replay, outermost first, each timed around the one inside it:
     # _Runner.replay (protect, recovery), Client._replay (lock, ctypes arguments), the ctypes
@@ -136,15 +139,25 @@ def replays(g1, o1, g2, o2, x, y, steps):
     orig_gd = timed(gclient.Client, "_replay", lambda a: phase_key("2 Client._replay", a[2]))
     lib = graphd._lib.lib()
     orig_c = lib.graphd_replay_stream
+    # The same C function through ctypes.PyDLL, which keeps the GIL across the call: the
+    # difference between the two is what releasing and taking back the GIL costs in a step.
+    held = ctypes.PyDLL(lib._name).graphd_replay_stream
+    held.argtypes, held.restype = orig_c.argtypes, orig_c.restype
 
-    def c_call(*a):
-        t0 = clock()
-        r = orig_c(*a)
-        rec.setdefault(phase_key("3 ctypes call", a[1]), []).append((clock() - t0, None))
-        return r
-    lib.graphd_replay_stream = c_call
+    def c_call_of(fn, layer):
+        def c_call(*a):
+            t0 = clock()
+            r = fn(*a)
+            rec.setdefault(phase_key(layer, a[1]), []).append((clock() - t0, None))
+            return r
+        return c_call
+    runs = ((g1, o1, None, ""), (g2, o2, c_call_of(orig_c, "3 ctypes call"), ""),
+            (g2, o2, c_call_of(held, "3 ctypes call"), ", GIL kept (PyDLL)"))
     try:
-        for g, o in ((g1, o1), (g2, o2)):
+        for g, o, c_call, name in runs:
+            variant[0] = name
+            if c_call is not None:
+                lib.graphd_replay_stream = c_call
             for _ in range(steps):
                 o.zero_grad(set_to_none=True)
                 nn.functional.mse_loss(g(x), y).backward()
@@ -158,10 +171,10 @@ def replays(g1, o1, g2, o2, x, y, steps):
 
     def p50(v):
         return sorted(v)[len(v) // 2] / 1e3
-    print("replay calls, host µs p50              calls   call µs   daemon launch µs")
+    print("replay calls, host µs p50                       calls   call µs   daemon launch µs")
     for key, v in sorted(rec.items()):
         daemon = [r for _, r in v if isinstance(r, int)]
-        print("%-39s %6d %9.1f %18s" % (key, len(v), p50([t for t, _ in v]),
+        print("%-48s %6d %9.1f %18s" % (key, len(v), p50([t for t, _ in v]),
                                         "%.1f" % p50(daemon) if daemon else "-"))
 
 
