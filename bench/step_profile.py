@@ -138,7 +138,8 @@ def replays(g1, o1, g2, o2, x, y, steps):
     orig_runner = timed(ggraphs._Runner, "replay", lambda a: phase_key("1 _Runner.replay", a[1]))
     orig_gd = timed(gclient.Client, "_replay", lambda a: phase_key("2 Client._replay", a[2]))
     lib = graphd._lib.lib()
-    orig_c = lib.graphd_replay_stream
+    client = g2._graphd_runner.graph._client  # it calls its own reference to the C function
+    orig_c = client._c_replay_stream
     # The same C function through ctypes.PyDLL, which keeps the GIL across the call: the
     # difference between the two is what releasing and taking back the GIL costs in a step.
     held = ctypes.PyDLL(lib._name).graphd_replay_stream
@@ -157,7 +158,7 @@ def replays(g1, o1, g2, o2, x, y, steps):
         for g, o, c_call, name in runs:
             variant[0] = name
             if c_call is not None:
-                lib.graphd_replay_stream = c_call
+                client._c_replay_stream = c_call
             for _ in range(steps):
                 o.zero_grad(set_to_none=True)
                 nn.functional.mse_loss(g(x), y).backward()
@@ -167,7 +168,7 @@ def replays(g1, o1, g2, o2, x, y, steps):
         torch.cuda.CUDAGraph.replay = orig_cuda
         gclient.Client._replay = orig_gd
         ggraphs._Runner.replay = orig_runner
-        lib.graphd_replay_stream = orig_c
+        client._c_replay_stream = orig_c
 
     def p50(v):
         return sorted(v)[len(v) // 2] / 1e3

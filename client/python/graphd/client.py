@@ -223,6 +223,13 @@ class Client:
         # (session id, the device ids its daemon serves) once a session has listed them: a
         # daemon serves the same devices while it runs, and a restart is a new session.
         self._served = (0, frozenset())
+        # The replay path's C functions and its out-parameter, looked up and made once: a
+        # training step replays twice, and on the GPU machine every Python operation of that
+        # path showed (docs/BENCHMARKS.md, "Step profile"). ns is only used under the lock.
+        self._c_replay, self._c_replay_rpc = L.graphd_replay, L.graphd_replay_rpc
+        self._c_replay_stream = L.graphd_replay_stream
+        self._replay_ns = ctypes.c_uint64(0)
+        self._replay_ns_ref = ctypes.byref(self._replay_ns)
         _clients.add(self)
 
     # ---- plumbing ----------------------------------------------------------------------
@@ -563,20 +570,18 @@ class Client:
     def _replay(self, handle, phase, rpc, stream=None):
         """One replay: stream-ordered when stream (a cudaStream_t as int) is given, else the REPLAY
         frame or, with rpc, the gRPC Replay."""
-        ns = ctypes.c_uint64(0)
-        L = _lib.lib()
-        if stream is not None:
-            fn = L.graphd_replay_stream
-            args = (handle, int(phase), ctypes.c_void_p(int(stream) or None), ctypes.byref(ns))
-        else:
-            fn = L.graphd_replay_rpc if rpc else L.graphd_replay
-            args = (handle, int(phase), ctypes.byref(ns))
         with self._lock:
-            self._check_open()
-            rc = fn(*args)
+            if self._closed or not self._h:
+                self._check_open()
+            if stream is not None:  # an int; 0 (the default stream) goes as NULL
+                rc = self._c_replay_stream(handle, int(phase), int(stream), self._replay_ns_ref)
+            elif rpc:
+                rc = self._c_replay_rpc(handle, int(phase), self._replay_ns_ref)
+            else:
+                rc = self._c_replay(handle, int(phase), self._replay_ns_ref)
             if rc != 0:
                 raise self._fail(rc, "Replay failed")
-        return int(ns.value)
+            return self._replay_ns.value
 
     def set_replay_posted(self, posted):
         """Stream-ordered replays posted (True, the default unless GRAPHD_REPLAY_ORDER=events):

@@ -346,14 +346,16 @@ class _Runner:
             self.stale = False
 
     def _replay(self, phase, recover):
+        # recovery.replay is what Graph.replay calls, without its argument handling: this runs
+        # twice per training step.
         if self.cuda_device is None:
-            self.graph.replay(phase, recover=recover)
+            recovery.replay(self.graph, phase, False, None, recover)
         elif self.host_sync:
             torch.cuda.current_stream(self.cuda_device).synchronize()
-            self.graph.replay(phase, recover=recover)
+            recovery.replay(self.graph, phase, False, None, recover)
         else:
-            self.graph.replay(phase, stream=_current_raw_stream(self.cuda_device),
-                              recover=recover)
+            recovery.replay(self.graph, phase, False, _current_raw_stream(self.cuda_device),
+                            recover)
 
     def recovered(self):
         """The daemon was restarted and the graph captured again (graphd.recovery): its new
