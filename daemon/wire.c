@@ -52,25 +52,6 @@ struct gd_wire {
     void *ctx;
 };
 
-/* Room for one descriptor's SCM_RIGHTS message. */
-typedef union {
-    struct cmsghdr align;
-    char buf[CMSG_SPACE(sizeof(int))];
-} fd_control_t;
-
-/* Makes mh pass fd (SCM_RIGHTS) with its first byte, in ctl. */
-static void attach_fd(struct msghdr *mh, fd_control_t *ctl, int fd)
-{
-    memset(ctl, 0, sizeof *ctl);
-    mh->msg_control = ctl->buf;
-    mh->msg_controllen = sizeof ctl->buf;
-    struct cmsghdr *cm = CMSG_FIRSTHDR(mh);
-    cm->cmsg_level = SOL_SOCKET;
-    cm->cmsg_type = SCM_RIGHTS;
-    cm->cmsg_len = CMSG_LEN(sizeof(int));
-    memcpy(CMSG_DATA(cm), &fd, sizeof fd);
-}
-
 static void wire_free(gd_wire_t *w)
 {
     if (w->fd >= 0)
@@ -162,10 +143,10 @@ static void flush(gd_wire_t *w)
         if (fi < w->nfds && w->fds[fi].pos - w->head_pos < n)
             n = (size_t)(w->fds[fi].pos - w->head_pos);
         struct iovec iov = {w->buf + w->head, n};
-        fd_control_t ctl;
+        graphd_fd_control_t ctl;
         struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
         if (with_fd)
-            attach_fd(&mh, &ctl, w->fds[0].fd);
+            graphd_attach_fd(&mh, &ctl, w->fds[0].fd);
         ssize_t r = sendmsg(w->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
         if (r < 0 && errno == EINTR)
             continue;
@@ -352,10 +333,10 @@ int gd_wire_send_bytes(gd_wire_t *w, const graphd_frame_t *f, const void *msg, s
     } else if (w->head == w->len) {
         /* Nothing buffered: send now, as much as the socket takes. */
         struct iovec iov[2] = {{head, sizeof head}, {(void *)msg, mlen}};
-        fd_control_t ctl;
+        graphd_fd_control_t ctl;
         struct msghdr mh = {.msg_iov = iov, .msg_iovlen = mlen ? 2 : 1};
         if (pass_fd >= 0)
-            attach_fd(&mh, &ctl, pass_fd);
+            graphd_attach_fd(&mh, &ctl, pass_fd);
         while (sent < total) {
             ssize_t n = sendmsg(w->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
             if (n < 0 && errno == EINTR)

@@ -1305,6 +1305,16 @@ static int64_t ring_waiting(const conn_t *c)
     return n > GRAPHD_RING_SLOTS ? -1 : (int64_t)n;
 }
 
+/* Ends c: its ring's head is out of reach (ring_waiting < 0). The ERROR frame goes first, then
+ * failed moves, so that the client reads it. Returns false (the connection must close). */
+static bool ring_out_of_step(conn_t *c)
+{
+    conn_refuse(c, 0, ST_INVALID_ARGUMENT,
+                "the replay ring's head is out of step with what the executor took");
+    ring_failed(c);
+    return false;
+}
+
 /* Runs the next slot of c's ring as the REPLAY frame it stands for. */
 static bool ring_serve_one(conn_t *c)
 {
@@ -1376,12 +1386,8 @@ static bool conn_serve_one(conn_t *c, bool *ran, bool use_ring)
     *ran = false;
     if (use_ring && c->ring != NULL) {
         int64_t waiting = ring_waiting(c);
-        if (waiting < 0) {
-            conn_refuse(c, 0, ST_INVALID_ARGUMENT,
-                        "the replay ring's head is out of step with what the executor took");
-            ring_failed(c);
-            return false;
-        }
+        if (waiting < 0)
+            return ring_out_of_step(c);
         if (waiting > 0) {
             *ran = true;
             return ring_serve_one(c);
@@ -1442,19 +1448,7 @@ static bool conn_read(conn_t *c, size_t max)
     } while (r < 0 && errno == EINTR);
     if (r < 0)
         return errno == EAGAIN || errno == EWOULDBLOCK;
-    for (struct cmsghdr *cm = CMSG_FIRSTHDR(&mh); cm != NULL; cm = CMSG_NXTHDR(&mh, cm)) {
-        if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS)
-            continue;
-        size_t nfds = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-        for (size_t i = 0; i < nfds; i++) {
-            int fd;
-            memcpy(&fd, CMSG_DATA(cm) + i * sizeof(int), sizeof(int));
-            if (c->passed_fd < 0)
-                c->passed_fd = fd;
-            else
-                close(fd);
-        }
-    }
+    graphd_take_fds(&mh, &c->passed_fd);
     if (r == 0)
         return false;
     c->in_len += (size_t)r;
@@ -1522,11 +1516,8 @@ static void drain_session(uint64_t session)
         int64_t slots = c->ring != NULL ? ring_waiting(c) : 0;
         for (int64_t k = 0; ok && k < slots; k++)
             ok = ring_serve_one(c);
-        if (slots < 0) {
-            conn_refuse(c, 0, ST_INVALID_ARGUMENT,
-                        "the replay ring's head is out of step with what the executor took");
-            ok = false;
-        }
+        if (slots < 0)
+            ok = ring_out_of_step(c);
         for (;;) {
             while (ok && (ok = conn_serve_one(c, &ran, false)) && ran)
                 ;

@@ -15,6 +15,8 @@
 #include <endian.h>
 #include <stdint.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #define GRAPHD_FRAME_MAGIC 0x44505247u /* "GRPD" as little-endian bytes */
 #define GRAPHD_FRAME_VERSION 2         /* 2: devices as GRAPHD_DEVICE_CODE */
@@ -153,6 +155,46 @@ typedef struct graphd_ring {
     graphd_ring_slot_t slot[GRAPHD_RING_SLOTS];
 } graphd_ring_t;
 _Static_assert(sizeof(graphd_ring_t) <= GRAPHD_RING_BYTES, "graphd_ring_t fits GRAPHD_RING_BYTES");
+
+/* Room for one descriptor's SCM_RIGHTS message (graphd_attach_fd). */
+typedef union {
+    struct cmsghdr align;
+    char buf[CMSG_SPACE(sizeof(int))];
+} graphd_fd_control_t;
+
+/* Makes mh pass fd (SCM_RIGHTS) with its first byte, in ctl: the daemon's replies (a region's
+ * memfd, a replay connection) and the client's RING (its ring's memfd). */
+static inline void graphd_attach_fd(struct msghdr *mh, graphd_fd_control_t *ctl, int fd)
+{
+    memset(ctl, 0, sizeof *ctl);
+    mh->msg_control = ctl->buf;
+    mh->msg_controllen = sizeof ctl->buf;
+    struct cmsghdr *cm = CMSG_FIRSTHDR(mh);
+    cm->cmsg_level = SOL_SOCKET;
+    cm->cmsg_type = SCM_RIGHTS;
+    cm->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(cm), &fd, sizeof fd);
+}
+
+/* Takes the descriptors out of a received message's SCM_RIGHTS data: the first to *keep while
+ * *keep is still -1 (keep NULL: none kept), every other one closed, so that no descriptor a peer
+ * passes is left open unseen. The client (a reply's fd) and the executor (RING's memfd) use it. */
+static inline void graphd_take_fds(struct msghdr *mh, int *keep)
+{
+    for (struct cmsghdr *cm = CMSG_FIRSTHDR(mh); cm != NULL; cm = CMSG_NXTHDR(mh, cm)) {
+        if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS)
+            continue;
+        size_t nfds = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        for (size_t i = 0; i < nfds; i++) {
+            int fd;
+            memcpy(&fd, CMSG_DATA(cm) + i * sizeof(int), sizeof(int));
+            if (keep != NULL && *keep < 0)
+                *keep = fd;
+            else
+                close(fd);
+        }
+    }
+}
 
 /* status in replies is a gRPC status code, so both planes report errors alike. */
 typedef struct graphd_frame {

@@ -71,23 +71,12 @@ static int closed(graphd_client_t *c, sock_t s)
 static int send_all(graphd_client_t *c, sock_t s, const uint8_t *buf, size_t len, int64_t deadline,
                     int send_fd)
 {
-    union {
-        char buf[CMSG_SPACE(sizeof(int))];
-        struct cmsghdr align;
-    } control;
+    graphd_fd_control_t control;
     while (len > 0) {
         struct iovec iov = {.iov_base = (void *)buf, .iov_len = len};
         struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
-        if (send_fd >= 0) { /* with the first bytes only */
-            memset(&control, 0, sizeof(control));
-            msg.msg_control = control.buf;
-            msg.msg_controllen = sizeof(control.buf);
-            struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
-            cm->cmsg_level = SOL_SOCKET;
-            cm->cmsg_type = SCM_RIGHTS;
-            cm->cmsg_len = CMSG_LEN(sizeof(int));
-            memcpy(CMSG_DATA(cm), &send_fd, sizeof(int));
-        }
+        if (send_fd >= 0) /* with the first bytes only */
+            graphd_attach_fd(&msg, &control, send_fd);
         ssize_t n = sendmsg(s.fd, &msg, MSG_NOSIGNAL);
         if (n >= 0) {
             buf += n, len -= (size_t)n;
@@ -107,26 +96,7 @@ static int send_all(graphd_client_t *c, sock_t s, const uint8_t *buf, size_t len
     return GRAPHD_OK;
 }
 
-/* Takes the descriptors out of msg's SCM_RIGHTS data: the first to *fd_out when wanted and
- * still empty, every other one closed. */
-static void take_fds(struct msghdr *msg, int *fd_out)
-{
-    for (struct cmsghdr *cm = CMSG_FIRSTHDR(msg); cm != NULL; cm = CMSG_NXTHDR(msg, cm)) {
-        if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS)
-            continue;
-        size_t nfds = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-        for (size_t i = 0; i < nfds; i++) {
-            int fd;
-            memcpy(&fd, CMSG_DATA(cm) + i * sizeof(int), sizeof(int));
-            if (fd_out != NULL && *fd_out < 0)
-                *fd_out = fd;
-            else
-                close(fd);
-        }
-    }
-}
-
-/* Reads exactly len bytes; descriptors that arrive with them go to take_fds. */
+/* Reads exactly len bytes; descriptors that arrive with them go to graphd_take_fds. */
 static int recv_all(graphd_client_t *c, sock_t s, uint8_t *buf, size_t len, int64_t deadline,
                     int *fd_out)
 {
@@ -150,7 +120,7 @@ static int recv_all(graphd_client_t *c, sock_t s, uint8_t *buf, size_t len, int6
                 return closed(c, s);
             return graphd__fail_sys(c, "recvmsg on %s", s.name);
         }
-        take_fds(&msg, fd_out);
+        graphd_take_fds(&msg, fd_out);
         if (msg.msg_flags & MSG_CTRUNC)
             return graphd__fail(c, GRAPHD_EPROTO, "descriptors dropped on %s", s.name);
         if (n == 0)

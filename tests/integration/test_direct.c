@@ -382,22 +382,11 @@ static void ring_ask(int conn, uint64_t seq, int ring_fd, graphd_frame_t *r, cha
                          .type = GRAPHD_FRAME_RING,
                          .seq = seq};
     graphd_frame_encode(&fr, raw);
-    union {
-        char buf[CMSG_SPACE(sizeof(int))];
-        struct cmsghdr align;
-    } control;
-    memset(&control, 0, sizeof control);
+    graphd_fd_control_t control;
     struct iovec iov = {.iov_base = raw, .iov_len = sizeof raw};
     struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
-    if (ring_fd >= 0) {
-        mh.msg_control = control.buf;
-        mh.msg_controllen = sizeof control.buf;
-        struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
-        cm->cmsg_level = SOL_SOCKET;
-        cm->cmsg_type = SCM_RIGHTS;
-        cm->cmsg_len = CMSG_LEN(sizeof(int));
-        memcpy(CMSG_DATA(cm), &ring_fd, sizeof(int));
-    }
+    if (ring_fd >= 0)
+        graphd_attach_fd(&mh, &control, ring_fd);
     assert_int_equal(sendmsg(conn, &mh, MSG_NOSIGNAL), (ssize_t)sizeof raw);
     recv_answer(conn, r, msg, size);
     assert_int_equal(r->type, GRAPHD_FRAME_RING | GRAPHD_FRAME_REPLY);
