@@ -41,8 +41,11 @@ Usage:
 """
 import argparse
 import copy
+import cProfile
 import json
+import io
 import os
+import pstats
 import re
 import signal
 import statistics
@@ -259,6 +262,9 @@ def main():
                     "after its capture, as before issue 18; default %(default)s)")
     ap.add_argument("--no-new-process", action="store_true",
                     help="skip the two new processes' first captures")
+    ap.add_argument("--cprofile", type=int, default=0, metavar="N",
+                    help="also print the N functions with the most own time (cProfile) over the "
+                    "graphd captures after the first (default 0: none)")
     ap.add_argument("--child", choices=("graphd", "inproc"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.repeat < 1:
@@ -302,10 +308,15 @@ def main():
         inproc2 = in_process(copy.deepcopy(base).to(device), x.to(device), device, args.warmup)
         del ref
         runs = []
-        for _ in range(args.repeat):
+        prof = cProfile.Profile() if args.cprofile > 0 else None
+        for k in range(args.repeat):
             m = copy.deepcopy(base).to(model_device)
+            if prof is not None and k > 0:
+                prof.enable()
             wall, t, dmn, g = graphd_capture(m, x.to(model_device), device_arg, args.warmup,
                                              timers, tail)
+            if prof is not None:
+                prof.disable()
             runs.append((wall, t, dmn))
         if args.steps > 0:
             xs = x.to(model_device)
@@ -372,6 +383,12 @@ def main():
     if args.steps > 0:
         print("forward+backward step, mean of %d: graphd %.2f ms, eager in-process %.2f ms "
               "(%.2fx)" % (args.steps, step_graphd, step_eager, step_graphd / step_eager))
+    if prof is not None and len(runs) > 1:
+        buf = io.StringIO()
+        pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(args.cprofile)
+        print("cProfile of captures 2-%d, by own time (the Capture call's C part is the ctypes "
+              "call's row):" % len(runs))
+        print("\n".join(ln for ln in buf.getvalue().splitlines()[3:] if ln.strip()))
     walls = [r[0] for r in runs]
     steady = statistics.median(walls[1:]) if len(walls) > 1 else walls[0]
     if gd_trace_cache.last_reason:

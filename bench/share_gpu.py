@@ -99,6 +99,8 @@ MODES = {
 }
 TARGET_MEM_B_OVER_A = 0.3     # (b) GPU memory / (a) GPU memory <= 0.3
 TARGET_STEPS_C_OVER_A = 1.0   # (c) aggregate steps/s / (a) aggregate steps/s >= 1.0
+# --phases: the parts of a step whose host time each worker sums
+PHASES = ("zero_grad", "forward", "loss", "backward", "optimizer")
 
 
 def now():
@@ -152,6 +154,26 @@ def worker(a):
         opt.step()
         return loss
 
+    phase_ns = [0] * len(PHASES)
+
+    def step_timed():
+        # --phases: the same step, with the host time of each phase summed (no synchronisation)
+        clock = time.perf_counter_ns
+        t0 = clock()
+        opt.zero_grad(set_to_none=True)
+        t1 = clock()
+        out = g(x)
+        t2 = clock()
+        loss = nn.functional.mse_loss(out, y)
+        t3 = clock()
+        loss.backward()
+        t4 = clock()
+        opt.step()
+        t5 = clock()
+        for k, (u, v) in enumerate(((t0, t1), (t1, t2), (t2, t3), (t3, t4), (t4, t5))):
+            phase_ns[k] += v - u
+        return loss
+
     for _ in range(a.warmup):
         step()
     sync()
@@ -163,6 +185,8 @@ def worker(a):
         return 1
     deadline = float(words[2])
     steps = 0
+    if a.phases:
+        step = step_timed
     t_start = now()
     if deadline > 0:
         while now() < deadline:
@@ -176,7 +200,8 @@ def worker(a):
     t_end = now()
     last = float(loss.item()) if steps else float("nan")
     emit(event="done", rank=a.rank, steps=steps, t_start=t_start, t_end=t_end,
-         elapsed=t_end - t_start, loss=last)
+         elapsed=t_end - t_start, loss=last,
+         phase_us=[ns / 1e3 / max(steps, 1) for ns in phase_ns] if a.phases else None)
     # Keep this process's memory until every worker is done, so the parent's samples between
     # "all ready" and "all done" always see all N processes.
     sys.stdin.readline()
@@ -456,7 +481,7 @@ def run_mode(mode, a, tmp, reader, floor):
         cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", mode,
                "--device", a.device, "--batch", str(a.batch), "--width", str(a.width),
                "--depth", str(a.depth), "--steps", str(a.steps), "--warmup", str(a.warmup),
-               "--threads", str(a.threads)]
+               "--threads", str(a.threads)] + (["--phases"] if a.phases else [])
         if pool_name:
             cmd += ["--pool", pool_name, "--pool-device", pool_dev]
         if reader is not None:
@@ -493,9 +518,12 @@ def run_mode(mode, a, tmp, reader, floor):
                                          for d in done.values()),
             start_skew_ms=(max(d["t_start"] for d in done.values()) - t_go) * 1e3,
             capture_ms_mean=statistics.mean(r["capture_ms"] for r in ready.values()),
-            workers=[dict(ready[i], **{k: done[i][k]
-                                       for k in ("steps", "elapsed", "loss", "t_start", "t_end")})
+            workers=[dict(ready[i], **{k: done[i][k] for k in ("steps", "elapsed", "loss",
+                                                               "t_start", "t_end", "phase_us")})
                      for i in range(a.procs)])
+        if a.phases:
+            res["phase_us_mean"] = [statistics.mean(d["phase_us"][k] for d in done.values())
+                                    for k in range(len(PHASES))]
         win = []
         if sampler is not None:
             sampler.finish()
@@ -621,6 +649,9 @@ def report(a, env, results, mem_source):
                             a.procs))
             if m["processes_listed"] == 0:
                 bits.append("nvidia-smi listed no processes (PID namespace?): no attribution")
+        if "phase_us_mean" in r:
+            bits.append("host us per step, mean of the workers: " + ", ".join(
+                "%s %.1f" % (n, v) for n, v in zip(PHASES, r["phase_us_mean"])))
         for key in ("warning", "mem_sampler_error"):
             if key in r:
                 bits.append("%s: %s" % (key, r[key]))
@@ -745,6 +776,9 @@ def main():
     ap.add_argument("--sample-interval", type=float, default=0.2, help="seconds between reads")
     ap.add_argument("--timeout", type=float, default=600,
                     help="seconds to wait for all workers to be ready, and again to be done")
+    ap.add_argument("--phases", action="store_true",
+                    help="workers also time each phase of the step on the host (zero_grad, "
+                    "forward, loss, backward, optimizer) and the report gives their means")
     ap.add_argument("--keep-logs", action="store_true",
                     help="keep the workers' and daemons' logs (stderr) also when nothing failed; "
                     "e.g. for GRAPHD_REPLAY_PROFILE's lines")
