@@ -4,7 +4,8 @@ two machines (the 2-core CPU machine, the GPU machine) can be read against each 
 host's facts (CPU model, threads per core, clock source, load), then nanoseconds per operation of
 plain Python calls, a clock read, a lock, ctypes calls into libc (GIL released, and kept) and,
 where torch sees a GPU, the torch calls a device-resident step makes around its replays (the raw
-current stream, a tiny copy_ launch, CUDAGraph.replay of a one-kernel graph).
+current stream, a tiny copy_ launch, CUDAGraph.replay of a one-kernel graph, and the same
+launches into memory of another process mapped through CUDA IPC).
 
 Nothing here touches graphd: it answers whether a Python layer that costs 1 us on one machine
 and 10 us on another is graphd's doing or the host's (docs/BENCHMARKS.md, "Step profile").
@@ -137,7 +138,46 @@ def torch_probes():
         torch.cuda.current_stream().synchronize()
     rows.append(("CUDAGraph.replay() + synchronize", per_op_ns(replay_sync, 2000)))
     del y
+    rows += ipc_probes(torch, dev, a, b)
     return torch.__version__ + " (" + torch.cuda.get_device_name(0) + ")", rows
+
+
+def _ipc_owner(q, done):
+    """Child of ipc_probes: allocates a float32[4] on cuda:0 and shares it (CUDA IPC)."""
+    import torch
+    t = torch.zeros(4, device="cuda:0")
+    q.put(t)
+    done.wait()
+
+
+def ipc_probes(torch, dev, local, src):
+    """The same launches into memory another process allocated (CUDA IPC, as a device-resident
+    graph's static tensors are to its client) and into this process's own."""
+    import torch.multiprocessing as mp
+    ctx = mp.get_context("spawn")
+    q, done = ctx.Queue(), ctx.Event()
+    p = ctx.Process(target=_ipc_owner, args=(q, done))
+    p.start()
+    rows = []
+    try:
+        remote = q.get(timeout=60)
+        for name, dst in (("own memory", local), ("CUDA IPC memory", remote)):
+            dst.copy_(src)
+            torch.cuda.synchronize()
+            rows.append(("CUDA dst.copy_(src) into %s" % name,
+                         per_op_ns(lambda: dst.copy_(src), 2000)))
+            torch.cuda.synchronize()
+            rows.append(("CUDA dst.mul_(2) on %s" % name, per_op_ns(lambda: dst.mul_(2), 2000)))
+            torch.cuda.synchronize()
+            di, si = dst.view(torch.int32), src.view(torch.int32)
+            rows.append(("CUDA bitwise_or(src, 0, out=dst) into %s" % name,
+                         per_op_ns(lambda: torch.bitwise_or(si, 0, out=di), 2000)))
+            torch.cuda.synchronize()
+        del remote
+    finally:
+        done.set()
+        p.join(30)
+    return rows
 
 
 def main():
