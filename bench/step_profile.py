@@ -31,10 +31,13 @@ from bench_models import mlp  # bench/, the script's own folder
 
 
 def phases(model, opt, x, y, steps):
-    """Mean host µs of each phase, the mean wall ms of a step, and the synchronised step's ms."""
+    """Mean host µs of each phase, the mean wall ms of a step, the synchronised step's ms, and
+    the mean host µs of each phase when every step is synchronised (where the host no longer
+    waits in a launch for the device to drain its queue)."""
     clock = time.perf_counter_ns
     names = ("zero_grad", "forward", "loss", "backward", "optimizer")
     acc = dict.fromkeys(names, 0)
+    acc_synced = dict.fromkeys(names, 0)
 
     def step(record):
         t0 = clock()
@@ -50,21 +53,22 @@ def phases(model, opt, x, y, steps):
         t5 = clock()
         if record:
             for name, a, b in zip(names, (t0, t1, t2, t3, t4), (t1, t2, t3, t4, t5)):
-                acc[name] += b - a
+                record[name] += b - a
     for _ in range(20):
         step(False)
     torch.cuda.synchronize()
     t0 = clock()
     for _ in range(steps):
-        step(True)
+        step(acc)
     torch.cuda.synchronize()
     wall = (clock() - t0) / steps / 1e6
     t0 = clock()
     for _ in range(steps // 3):
-        step(False)
+        step(acc_synced)
         torch.cuda.synchronize()
     synced = (clock() - t0) / (steps // 3) / 1e6
-    return {k: v / steps / 1e3 for k, v in acc.items()}, wall, synced
+    return ({k: v / steps / 1e3 for k, v in acc.items()}, wall, synced,
+            {k: v / (steps // 3) / 1e3 for k, v in acc_synced.items()})
 
 
 def device_phases(model, opt, x, y, steps):
@@ -202,10 +206,15 @@ def main():
     print("%-20s %9s %9s %9s %9s %9s %9s %10s %10s" % (
         "host µs per phase", "zero_grad", "forward", "loss", "backward", "optimizer", "sum",
         "wall ms", "synced ms"))
-    for name, (acc, wall, synced) in rows:
+    for name, (acc, wall, synced, _) in rows:
         print("%-20s %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %10.3f %10.3f" % (
             name, acc["zero_grad"], acc["forward"], acc["loss"], acc["backward"],
             acc["optimizer"], sum(acc.values()), wall, synced))
+    print("host µs per phase, each step synchronised (no launch waits for a full queue):")
+    for name, (_, _, _, acc) in rows:
+        print("%-20s %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f" % (
+            name, acc["zero_grad"], acc["forward"], acc["loss"], acc["backward"],
+            acc["optimizer"], sum(acc.values())))
 
     print("%-20s %9s %9s %9s %9s %9s %9s" % (
         "device µs per phase", "zero_grad", "forward", "loss", "backward", "optimizer", "sum"))
@@ -217,18 +226,34 @@ def main():
 
     replays(g1, o1, g2, o2, x, y, args.steps)
 
-    prof = cProfile.Profile()
-    prof.enable()
-    for _ in range(args.steps):
-        o2.zero_grad(set_to_none=True)
-        nn.functional.mse_loss(g2(x), y).backward()
-        o2.step()
-    torch.cuda.synchronize()
-    prof.disable()
-    s = io.StringIO()
-    pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(18)
-    print("graphd resident step, cProfile over %d steps (tottime first):" % args.steps)
-    print("\n".join(s.getvalue().splitlines()[4:]))
+    own = {}
+    for name, (g, o) in (("in-process graphed", (g1, o1)), ("graphd resident", (g2, o2))):
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(args.steps):
+            o.zero_grad(set_to_none=True)
+            nn.functional.mse_loss(g(x), y).backward()
+            o.step()
+        torch.cuda.synchronize()
+        prof.disable()
+        st = pstats.Stats(prof)
+        own[name] = {func[2]: (cc, tt) for func, (cc, _, tt, _, _) in st.stats.items()}
+        if name == "graphd resident":
+            s = io.StringIO()
+            st.stream = s
+            st.sort_stats("tottime").print_stats(18)
+            print("graphd resident step, cProfile over %d steps (tottime first):" % args.steps)
+            print("\n".join(s.getvalue().splitlines()[4:]))
+    print("the step's launches, cProfile own time, µs a call (calls):")
+    for fn in ("<method 'copy_' of 'torch._C.TensorBase' objects>",
+               "<built-in method torch._C._nn.mse_loss>",
+               "<built-in method torch._foreach_add_>",
+               "<method 'run_backward' of 'torch._C._EngineBase' objects>",
+               "<method 'replay' of 'torch._C._CUDAGraph' objects>"):
+        print("  %-62s" % fn + "".join(
+            "  %s %.1f (%d)" % (n.split()[0], own[n][fn][1] / max(own[n][fn][0], 1) * 1e6,
+                                own[n][fn][0]) if fn in own[n] else "  %s -" % n.split()[0]
+            for n in own))
 
 
 if __name__ == "__main__":
