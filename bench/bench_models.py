@@ -9,3 +9,29 @@ def mlp(width, depth):
     for i in range(depth):
         layers += [nn.Linear(width, width)] + ([nn.ReLU()] if i < depth - 1 else [])
     return nn.Sequential(*layers)
+
+
+# The phases of the training step, in order, whose host time timed_step() sums.
+PHASES = ("zero_grad", "forward", "loss", "backward", "optimizer")
+
+
+def timed_step(model, opt, x, y, acc):
+    """One training step (zero_grad, forward, MSE loss, backward, SGD step), adding the host ns
+    of each of PHASES to acc[k] (no synchronisation); returns the loss."""
+    import time
+    import torch.nn as nn
+    clock = time.perf_counter_ns
+    t0 = clock()
+    opt.zero_grad(set_to_none=True)
+    t1 = clock()
+    out = model(x)
+    t2 = clock()
+    loss = nn.functional.mse_loss(out, y)
+    t3 = clock()
+    loss.backward()
+    t4 = clock()
+    opt.step()
+    t5 = clock()
+    for k, (u, v) in enumerate(((t0, t1), (t1, t2), (t2, t3), (t3, t4), (t4, t5))):
+        acc[k] += v - u
+    return loss

@@ -85,6 +85,8 @@ import time
 import traceback
 from pathlib import Path
 
+from bench_models import PHASES  # bench/, the script's own folder (imports no torch)
+
 REPO = Path(__file__).resolve().parents[1]
 TAG = "share_gpu:"  # prefix of the workers' report lines on stdout; anything else is noise
 NVIDIA_SMI_FALLBACK = "/usr/local/nvidia/bin/nvidia-smi"
@@ -99,8 +101,6 @@ MODES = {
 }
 TARGET_MEM_B_OVER_A = 0.3     # (b) GPU memory / (a) GPU memory <= 0.3
 TARGET_STEPS_C_OVER_A = 1.0   # (c) aggregate steps/s / (a) aggregate steps/s >= 1.0
-# --phases: the parts of a step whose host time each worker sums
-PHASES = ("zero_grad", "forward", "loss", "backward", "optimizer")
 
 
 def now():
@@ -119,7 +119,7 @@ def worker(a):
     import torch
     import torch.nn as nn
 
-    from bench_models import mlp  # bench/, the script's own folder
+    from bench_models import mlp, timed_step  # bench/, the script's own folder
 
     torch.set_num_threads(a.threads)
     cuda = a.device == "cuda"
@@ -156,23 +156,8 @@ def worker(a):
 
     phase_ns = [0] * len(PHASES)
 
-    def step_timed():
-        # --phases: the same step, with the host time of each phase summed (no synchronisation)
-        clock = time.perf_counter_ns
-        t0 = clock()
-        opt.zero_grad(set_to_none=True)
-        t1 = clock()
-        out = g(x)
-        t2 = clock()
-        loss = nn.functional.mse_loss(out, y)
-        t3 = clock()
-        loss.backward()
-        t4 = clock()
-        opt.step()
-        t5 = clock()
-        for k, (u, v) in enumerate(((t0, t1), (t1, t2), (t2, t3), (t3, t4), (t4, t5))):
-            phase_ns[k] += v - u
-        return loss
+    def step_timed():  # --phases: the same step, each phase's host time summed
+        return timed_step(g, opt, x, y, phase_ns)
 
     for _ in range(a.warmup):
         step()

@@ -27,7 +27,7 @@ import torch
 import torch.nn as nn
 
 import graphd
-from bench_models import mlp  # bench/, the script's own folder
+from bench_models import PHASES, mlp, timed_step  # bench/, the script's own folder
 
 
 def phases(model, opt, x, y, steps):
@@ -35,25 +35,12 @@ def phases(model, opt, x, y, steps):
     the mean host µs of each phase when every step is synchronised (where the host no longer
     waits in a launch for the device to drain its queue)."""
     clock = time.perf_counter_ns
-    names = ("zero_grad", "forward", "loss", "backward", "optimizer")
-    acc = dict.fromkeys(names, 0)
-    acc_synced = dict.fromkeys(names, 0)
+    names = PHASES
+    acc = [0] * len(names)
+    acc_synced = [0] * len(names)
 
     def step(record):
-        t0 = clock()
-        opt.zero_grad(set_to_none=True)
-        t1 = clock()
-        out = model(x)
-        t2 = clock()
-        loss = nn.functional.mse_loss(out, y)
-        t3 = clock()
-        loss.backward()
-        t4 = clock()
-        opt.step()
-        t5 = clock()
-        if record:
-            for name, a, b in zip(names, (t0, t1, t2, t3, t4), (t1, t2, t3, t4, t5)):
-                record[name] += b - a
+        timed_step(model, opt, x, y, record if record else [0] * len(names))
     for _ in range(20):
         step(False)
     torch.cuda.synchronize()
@@ -67,8 +54,8 @@ def phases(model, opt, x, y, steps):
         step(acc_synced)
         torch.cuda.synchronize()
     synced = (clock() - t0) / (steps // 3) / 1e6
-    return ({k: v / steps / 1e3 for k, v in acc.items()}, wall, synced,
-            {k: v / (steps // 3) / 1e3 for k, v in acc_synced.items()})
+    return ({k: v / steps / 1e3 for k, v in zip(names, acc)}, wall, synced,
+            {k: v / (steps // 3) / 1e3 for k, v in zip(names, acc_synced)})
 
 
 def device_phases(model, opt, x, y, steps):
