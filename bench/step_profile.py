@@ -35,27 +35,23 @@ def phases(model, opt, x, y, steps):
     the mean host µs of each phase when every step is synchronised (where the host no longer
     waits in a launch for the device to drain its queue)."""
     clock = time.perf_counter_ns
-    names = PHASES
-    acc = [0] * len(names)
-    acc_synced = [0] * len(names)
-
-    def step(record):
-        timed_step(model, opt, x, y, record if record else [0] * len(names))
+    acc = [0] * len(PHASES)
+    acc_synced = [0] * len(PHASES)
     for _ in range(20):
-        step(False)
+        timed_step(model, opt, x, y, [0] * len(PHASES))
     torch.cuda.synchronize()
     t0 = clock()
     for _ in range(steps):
-        step(acc)
+        timed_step(model, opt, x, y, acc)
     torch.cuda.synchronize()
     wall = (clock() - t0) / steps / 1e6
     t0 = clock()
     for _ in range(steps // 3):
-        step(acc_synced)
+        timed_step(model, opt, x, y, acc_synced)
         torch.cuda.synchronize()
     synced = (clock() - t0) / (steps // 3) / 1e6
-    return ({k: v / steps / 1e3 for k, v in zip(names, acc)}, wall, synced,
-            {k: v / (steps // 3) / 1e3 for k, v in zip(names, acc_synced)})
+    return ({k: v / steps / 1e3 for k, v in zip(PHASES, acc)}, wall, synced,
+            {k: v / (steps // 3) / 1e3 for k, v in zip(PHASES, acc_synced)})
 
 
 def device_phases(model, opt, x, y, steps):
@@ -65,7 +61,7 @@ def device_phases(model, opt, x, y, steps):
     graphd the forward and backward include the ordering waits on the daemon's stream (the
     client's stream waits for done); a gap that the host figures do not show is the GPU waiting
     for the daemon."""
-    names = ("zero_grad", "forward", "loss", "backward", "optimizer")
+    names = PHASES
     for _ in range(20):
         opt.zero_grad(set_to_none=True)
         nn.functional.mse_loss(model(x), y).backward()
@@ -170,6 +166,15 @@ def replays(g1, o1, g2, o2, x, y, steps):
                                         "%.1f" % p50(daemon) if daemon else "-"))
 
 
+def table(title, named, extra=()):
+    """Prints one row per (name, µs by phase[, one ms figure per extra heading]) with the
+    phases' sum."""
+    print("%-20s" % title + "".join("%10s" % h for h in PHASES + ("sum",) + extra))
+    for name, us, *more in named:
+        print("%-20s" % name + "".join("%10.1f" % us[k] for k in PHASES) +
+              "%10.1f" % sum(us.values()) + "".join("%10.3f" % v for v in more))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shape", default="64,512,8")
@@ -190,26 +195,14 @@ def main():
                                             args.shape, args.steps))
     rows = [("in-process graphed", phases(g1, o1, x, y, args.steps)),
             ("graphd resident", phases(g2, o2, x, y, args.steps))]
-    print("%-20s %9s %9s %9s %9s %9s %9s %10s %10s" % (
-        "host µs per phase", "zero_grad", "forward", "loss", "backward", "optimizer", "sum",
-        "wall ms", "synced ms"))
-    for name, (acc, wall, synced, _) in rows:
-        print("%-20s %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %10.3f %10.3f" % (
-            name, acc["zero_grad"], acc["forward"], acc["loss"], acc["backward"],
-            acc["optimizer"], sum(acc.values()), wall, synced))
-    print("host µs per phase, each step synchronised (no launch waits for a full queue):")
-    for name, (_, _, _, acc) in rows:
-        print("%-20s %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f" % (
-            name, acc["zero_grad"], acc["forward"], acc["loss"], acc["backward"],
-            acc["optimizer"], sum(acc.values())))
-
-    print("%-20s %9s %9s %9s %9s %9s %9s" % (
-        "device µs per phase", "zero_grad", "forward", "loss", "backward", "optimizer", "sum"))
-    for name, (g, o) in (("in-process graphed", (g1, o1)), ("graphd resident", (g2, o2))):
-        dev = device_phases(g, o, x, y, args.steps)
-        print("%-20s %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f" % (
-            name, dev["zero_grad"], dev["forward"], dev["loss"], dev["backward"],
-            dev["optimizer"], sum(dev.values())))
+    table("host µs per phase", [(name, acc, wall, synced)
+                                for name, (acc, wall, synced, _) in rows],
+          ("wall ms", "synced ms"))
+    table("host, each synced", [(name, acc) for name, (_, _, _, acc) in rows])
+    print("(host µs per phase with each step synchronised: no launch waits for a full queue)")
+    table("device µs per phase", [(name, device_phases(g, o, x, y, args.steps))
+                                  for name, (g, o) in (("in-process graphed", (g1, o1)),
+                                                       ("graphd resident", (g2, o2)))])
 
     replays(g1, o1, g2, o2, x, y, args.steps)
 
