@@ -124,6 +124,9 @@ def replays(g1, o1, g2, o2, x, y, steps):
     # times the C call from inside).
     orig_runner = timed(ggraphs._Runner, "replay", lambda a: phase_key("1 _Runner.replay", a[1]))
     orig_gd = timed(gclient.Client, "_replay", lambda a: phase_key("2 Client._replay", a[2]))
+    # A client since 2026-12-06 calls Client._post (the stream branch alone) from _Runner.replay.
+    orig_post = (timed(gclient.Client, "_post", lambda a: phase_key("2 Client._post", a[2]))
+                 if hasattr(gclient.Client, "_post") else None)
     lib = graphd._lib.lib()
     client = g2._graphd_runner.graph._client  # it calls its own reference to the C function
     orig_c = client._c_replay_stream
@@ -154,6 +157,8 @@ def replays(g1, o1, g2, o2, x, y, steps):
     finally:
         torch.cuda.CUDAGraph.replay = orig_cuda
         gclient.Client._replay = orig_gd
+        if orig_post is not None:
+            gclient.Client._post = orig_post
         ggraphs._Runner.replay = orig_runner
         client._c_replay_stream = orig_c
 
@@ -164,6 +169,76 @@ def replays(g1, o1, g2, o2, x, y, steps):
         daemon = [r for _, r in v if isinstance(r, int)]
         print("%-48s %6d %9.1f %18s" % (key, len(v), p50([t for t, _ in v]),
                                         "%.1f" % p50(daemon) if daemon else "-"))
+
+
+def forward_parts(g1, g2, x, reps=7, n=300):
+    """Host µs (median of reps runs of n calls, synchronised after each run) of a forward and of
+    its parts, both ways: the whole call, the call with the graph's replay made a no-op (the
+    Python and autograd around it), the replay call alone, and graphd's own steps (module check,
+    pytree flatten, the protect cycle of a step's handed-out gradients). The forward-only loop
+    never runs a backward, so the protect cycle is timed apart."""
+    import statistics
+    import timeit
+    from graphd import graphs as ggraphs
+    from torch.utils._pytree import tree_flatten
+
+    def us(fn, calls=n):
+        def run():
+            fn()
+        t = timeit.Timer(run)
+        runs = []
+        for _ in range(reps):
+            runs.append(t.timeit(calls) / calls * 1e6)
+            torch.cuda.synchronize()
+        return statistics.median(runs)
+    runner = g2._graphd_runner
+    graph_of = {}
+    orig = torch.cuda.CUDAGraph.replay
+
+    def grab(self):  # upstream's forward graph, for its replay alone
+        graph_of.setdefault("fwd", self)
+        return orig(self)
+    torch.cuda.CUDAGraph.replay = grab
+    try:
+        g1(x)
+    finally:
+        torch.cuda.CUDAGraph.replay = orig
+    rows = [("forward, whole call", us(lambda: g1(x)), us(lambda: g2(x)))]
+    torch.cuda.CUDAGraph.replay = lambda self: None
+    runner_replay = runner.replay
+    runner.replay = lambda phase: None
+    try:
+        rows.append(("forward, replay a no-op", us(lambda: g1(x)), us(lambda: g2(x))))
+        params = runner.autograd_params
+        rows.append(("  graphd _Graphed.apply, replay a no-op", None,
+                     us(lambda: ggraphs._Graphed.apply(runner, x, *params))))
+    finally:
+        torch.cuda.CUDAGraph.replay = orig
+        runner.replay = runner_replay
+    fwd = graph_of.get("fwd")
+    rows.append(("the replay call alone", us(fwd.replay) if fwd is not None else None,
+                 us(lambda: runner.replay(graphd._lib.PHASE_FORWARD))))
+    own = torch.empty_like(x)
+    rows.append(("static input copy_ (in-process: own memory)", us(lambda: own.copy_(x)),
+                 us(lambda: runner.static.inputs[0].copy_(x))))
+    if runner.slots:
+        rows.append(("  graphd check_module()", None, us(runner.check_module, 3000)))
+    rows.append(("  pytree flatten of (x,)", None, us(lambda: tree_flatten((x,)), 3000)))
+    pairs = [(p, p) for p in runner.module_params]
+    expose = getattr(runner, "expose", None) or (lambda: ggraphs._EXPOSED.add(runner))
+
+    def protect_cycle():  # backward's hand-out, then the next forward's check (grads None)
+        runner.handed_out = list(pairs)
+        expose()
+        runner.protect()
+    for p in runner.module_params:
+        p.grad = None
+    rows.append(("  graphd protect cycle, %d grads None" % len(pairs), None,
+                 us(protect_cycle, 3000)))
+    print("forward parts, host µs (median of %d runs)       in-process    graphd" % reps)
+    for name, a, b in rows:
+        print("%-48s %10s %9s" % (name, "-" if a is None else "%.1f" % a,
+                                  "-" if b is None else "%.1f" % b))
 
 
 def table(title, named, extra=()):
@@ -204,6 +279,7 @@ def main():
                                   for name, (g, o) in (("in-process graphed", (g1, o1)),
                                                        ("graphd resident", (g2, o2)))])
 
+    forward_parts(g1, g2, x)
     replays(g1, o1, g2, o2, x, y, args.steps)
 
     own = {}
