@@ -28,13 +28,14 @@ import time
 
 import torch
 
-# One thread spins until *addr >= value, or limit_ns of the GPU's global timer have passed (so
-# a lost writer cannot hang the device).
+# One thread spins until *addr >= value, or until limit ns of the GPU's global timer have passed
+# (so that a lost writer cannot hang the device), and then counts the timeout in *timeouts.
 SPIN_PTX = b"""
 .version 7.0
 .target sm_70
 .address_size 64
-.visible .entry probe_spin_geq(.param .u64 p_addr, .param .u64 p_value, .param .u64 p_limit)
+.visible .entry probe_spin_geq(.param .u64 p_addr, .param .u64 p_value, .param .u64 p_limit,
+                               .param .u64 p_timeouts)
 {
     .reg .pred %p<3>;
     .reg .b64 %rd<8>;
@@ -50,11 +51,13 @@ $Lloop:
     mov.u64 %rd7, %globaltimer;
     setp.lt.u64 %p2, %rd7, %rd5;
     @%p2 bra $Lloop;
+    ld.param.u64 %rd1, [p_timeouts];
+    atom.global.add.u64 %rd6, [%rd1], 1;
 $Ldone:
     ret;
 }
 """
-SPIN_LIMIT_NS = 5_000_000_000
+SPIN_LIMIT_NS = 200_000_000
 
 
 class Driver:
@@ -94,8 +97,12 @@ class Driver:
         if not spin:
             self.ok(self.wait(s, addr, value, 0), "cuStreamWaitValue64")
             return
-        args = (ctypes.c_uint64(addr), ctypes.c_uint64(value), ctypes.c_uint64(SPIN_LIMIT_NS))
-        params = (ctypes.c_void_p * 3)(*[ctypes.addressof(a) for a in args])
+        # The flags' word at TIMEOUTS counts the spins that gave up (addr's flags: addr is one
+        # word of them, at READY or DONE).
+        timeouts = addr - addr % 32 + TIMEOUTS
+        args = (ctypes.c_uint64(addr), ctypes.c_uint64(value), ctypes.c_uint64(SPIN_LIMIT_NS),
+                ctypes.c_uint64(timeouts))
+        params = (ctypes.c_void_p * 4)(*[ctypes.addressof(a) for a in args])
         self.ok(self.launch(self.fn, 1, 1, 1, 1, 1, 1, 0, s, params, None), "cuLaunchKernel")
 
     def write_value(self, stream, addr, value):
@@ -103,7 +110,7 @@ class Driver:
                 "cuStreamWriteValue64")
 
 
-READY, DONE, GATE = 0, 8, 16  # byte offsets of the words in the flags tensor
+READY, DONE, GATE, TIMEOUTS = 0, 8, 16, 24  # byte offsets of the words of the flags
 
 
 def executor_side(drv, stream, base, first, k, spin, work):
@@ -176,6 +183,11 @@ class Probe:
             if after is not None:
                 after()
         torch.cuda.synchronize()
+        timeouts = int(self.flags[3].item())
+        if timeouts:
+            print("  (%d spins gave up after %.1f s: a spin kernel held a queue that the write it "
+                  "waited for was behind)" % (timeouts, SPIN_LIMIT_NS / 1e9), flush=True)
+            self.flags[3] = 0
         return statistics.median(times), min(times), max(times)
 
     def one_stream(self, first):
