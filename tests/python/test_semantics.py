@@ -485,3 +485,35 @@ def test_graph_released_when_unused():
     gc.collect()
     st = graphd.default_client().status()
     assert all(int(x["id"]) != gid for x in st.get("graphs", []))
+
+
+def test_parameter_shared_by_two_callables():
+    """One Linear in two callables of one call: its parameters are rebound to the first graph's
+    static tensors, so the second graph's forward copies them into its own before each replay
+    (found by comparing data pointers every call); after optimizer steps both graphs must see the
+    updated weights, as the eager modules do."""
+    torch.manual_seed(0)
+    shared = nn.Linear(4, 4)
+    a = nn.Sequential(nn.Linear(3, 4), shared)
+    b = nn.Sequential(shared, nn.Linear(4, 2))
+    twin_a, twin_b = copy.deepcopy((a, b))
+    assert twin_a[1] is twin_b[0]
+    xs = torch.randn(5, 3)
+    hs = torch.randn(5, 4, requires_grad=True)
+    ga, gb = graphd.make_graphed_callables((a, b), ((xs.clone(),), (hs.detach().clone()
+                                                                   .requires_grad_(),)))
+    params = lambda m1, m2: list(m1.parameters()) + list(m2[1].parameters())  # noqa: E731
+    opt_g = torch.optim.SGD(params(a, b), lr=0.1)
+    opt_e = torch.optim.SGD(params(twin_a, twin_b), lr=0.1)
+    for _ in range(4):
+        x = torch.randn(5, 3)
+        outs = []
+        for fa, fb, opt in ((ga, gb, opt_g), (twin_a, twin_b, opt_e)):
+            opt.zero_grad()
+            out = fb(fa(x))
+            out.pow(2).mean().backward()
+            opt.step()
+            outs.append(out.detach())
+        torch.testing.assert_close(outs[0], outs[1], **RT)
+    for p, q in zip(params(a, b), params(twin_a, twin_b)):
+        torch.testing.assert_close(p, q, **RT)

@@ -583,6 +583,16 @@ class Client:
                 raise self._fail(rc, "Replay failed")
             return self._replay_ns.value
 
+    def _post(self, handle, phase, stream):
+        """_replay's stream-ordered branch alone (phase an int, stream a cudaStream_t as int):
+        a device-resident graph's replay, twice in every training step."""
+        with self._lock:
+            if self._closed or not self._h:
+                self._check_open()
+            rc = self._c_replay_stream(handle, phase, stream, self._replay_ns_ref)
+            if rc != 0:
+                raise self._fail(rc, "Replay failed")
+
     def set_replay_posted(self, posted):
         """Stream-ordered replays posted (True, the default unless GRAPHD_REPLAY_ORDER=events):
         ordered by sequence counters, no answer waited for, a failure raised at a later replay;

@@ -57,6 +57,8 @@ Where graphd differs, and why:
 """
 import copy
 import ctypes
+import functools
+import itertools
 import operator
 import warnings
 import weakref
@@ -67,7 +69,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from . import _lib, recovery, slow as _slow
 from . import ddp as _ddp
 from .client import PoolHandle, default_client, graph_pool_handle, normalize_device
-from .errors import PerformanceWarning, make_error
+from .errors import GraphdError, PerformanceWarning, make_error
 from . import trace_cache
 from .trace_cache import trace as _trace  # tracing.trace, reused across the same keys
 from .tracing import callable_name
@@ -83,7 +85,20 @@ _TORCH_DTYPES = {v: k for k, v in _DTYPES.items()}
 # Runners whose static gradients, left in the daemon's graph mempool, were handed to
 # AccumulateGrad since their last protect(): the next FORWARD of any graph may overwrite them (its
 # activations can share that memory, as upstream's do), so it calls protect() on each first.
-_EXPOSED = weakref.WeakSet()
+# id(runner) -> weakref to it, dropped when the runner dies: a plain dict, as every FORWARD
+# looks at it (a WeakSet's Python-level len, iteration and add cost a device-resident step a few
+# microseconds each).
+_EXPOSED = {}
+
+
+def _unexpose(key, ref):
+    if _EXPOSED.get(key) is ref:
+        del _EXPOSED[key]
+
+
+_GRAD = operator.attrgetter("grad")
+_FIRST = operator.itemgetter(0)
+_DATA_PTR = torch.Tensor.data_ptr
 
 _HOOKS_MSG = ("Modules must not have hooks registered at the time they are passed. However, "
               "registering hooks on modules after passing them through make_graphed_callables "
@@ -210,6 +225,7 @@ class _Static:
         self.grad_outputs = by_role[_lib.ROLE_GRAD_OUTPUT]  # output index => view
         self.grad_inputs = by_role[_lib.ROLE_GRAD_INPUT]    # arg index => view
         self.params = ordered(_lib.ROLE_PARAM)
+        self.param_ptrs = [t.data_ptr() for t in self.params]  # for each FORWARD's check
         self.param_names = [names[(_lib.ROLE_PARAM, k)] for k in range(len(self.params))]
         self.param_grads = by_role[_lib.ROLE_PARAM_GRAD]    # param index => view
         self.buffers = ordered(_lib.ROLE_BUFFER)
@@ -303,6 +319,13 @@ class _Runner:
         # (module, attribute, tensor, "_parameters" or "_buffers") of the module's parameters and
         # buffers at capture: one replaced since (module.w = nn.Parameter(...)) is an error.
         self.slots = tuple(slots)
+        # The same, column by column, for check_module's passes in C: each (module, kind) once
+        # with its dict, then each slot's dict, attribute name and tensor.
+        owners = tuple(dict.fromkeys((m, k) for m, _, _, k in slots))
+        self.slot_owners = (tuple(m for m, _ in owners), tuple(k for _, k in owners),
+                            tuple(getattr(m, k) for m, k in owners))
+        self.slot_cols = (tuple(getattr(m, k) for m, _, _, k in slots),
+                          tuple(a for _, a, _, _ in slots), tuple(t for _, _, t, _ in slots))
         # Forwards so far, and the forward whose saved activations a BACKWARD already used: the
         # graph keeps one set of saved activations, so only the last forward can be
         # backpropagated, once (checked before the daemon is asked).
@@ -320,7 +343,12 @@ class _Runner:
         self.external_grads = on_device and not graph.copy_param_grads
         # (parameter, static gradient) handed to AccumulateGrad since the last protect()
         self.handed_out = []
+        self.ref = weakref.ref(self, functools.partial(_unexpose, id(self)))
         self.rng = _Rng(static.rng, self.cuda_device) if static.rng is not None else None
+        # Device-resident replays ordered on the current stream by libgraphd (posted or by
+        # events): replay() calls Client._post straight.
+        self.posted = (self.cuda_device is not None and not self.host_sync
+                       and _RAW_STREAM is not None)
 
     def replay(self, phase):
         """Replays phase, after protect() of the runners whose handed-out gradients it may
@@ -330,14 +358,24 @@ class _Runner:
         (GRAPHD_REPLAY_ORDER=sync: host synchronisation on both sides instead, for
         comparison). Host-staged and CPU graphs: the replay has finished when this returns."""
         if phase == _lib.PHASE_FORWARD:
-            for runner in list(_EXPOSED) if _EXPOSED else ():
-                runner.protect()
+            if _EXPOSED:
+                for ref in list(_EXPOSED.values()):
+                    runner = ref()
+                    if runner is not None:
+                        runner.protect()
         elif self.handed_out:
             self.protect()
         if phase == _lib.PHASE_BACKWARD and self.stale:
             self._reforward()
         try:
-            self._replay(phase, "raise")
+            if self.posted and not self.graph._lost:  # the usual step's path, fewest calls
+                g = self.graph
+                try:
+                    g._client._post(g._handle, phase, _RAW_STREAM(self.cuda_device.index))
+                except GraphdError as e:
+                    recovery.failed(g, e)  # raises, Recovered where the session was restored
+            else:
+                self._replay(phase, "raise")
         except recovery.Recovered:  # the daemon was restarted: retried once, on the new graph
             if phase == _lib.PHASE_BACKWARD and self.stale:
                 self._reforward()
@@ -410,17 +448,37 @@ class _Runner:
         """Before a replay that may overwrite this runner's static gradients (its own BACKWARD;
         where they are in the graph mempool, any FORWARD): a param.grad that is still one of them
         gets a copy of its own, to which AccumulateGrad then adds the next gradient."""
-        for param, static in self.handed_out:
-            grad = param.grad
-            if grad is not None and grad.data_ptr() == static.data_ptr():
-                param.grad = grad.clone()
+        handed = self.handed_out
+        # The usual loop (zero_grad(set_to_none=True) before the forward) left every such
+        # param.grad None: one pass in C tells, instead of a Python loop over the parameters.
+        grads = list(map(_GRAD, map(_FIRST, handed)))
+        if any(map(operator.is_not, grads, itertools.repeat(None))):
+            for (param, static), grad in zip(handed, grads):
+                if grad is not None and grad.data_ptr() == static.data_ptr():
+                    param.grad = grad.clone()
         self.handed_out = []
-        _EXPOSED.discard(self)
+        _EXPOSED.pop(id(self), None)
+
+    def expose(self):
+        """After a BACKWARD that handed out gradients in the daemon's graph mempool."""
+        _EXPOSED[id(self)] = self.ref
 
     def check_module(self):
         """Raises when a parameter or buffer of the module was replaced since capture, or the
         module was converted (module.double(), .half(), .to(device)): the graph would go on
         training its static tensors, not the module's."""
+        mods, kinds, owner_dicts = self.slot_owners
+        dicts, attrs, tensors = self.slot_cols
+        # Every call: each module's dict is still the one it had, and holds the same tensor
+        # (two passes in C); _check_slots only finds and names what changed.
+        if not (all(map(operator.is_, map(getattr, mods, kinds), owner_dicts))
+                and all(map(operator.is_, map(dict.get, dicts, attrs), tensors))):
+            self._check_slots()
+        for view, b in self.own_buffers:
+            if b.data_ptr() != view.data_ptr():
+                _converted("buffer", b, view)
+
+    def _check_slots(self):
         for mod, attr, t, kind in self.slots:
             now = getattr(mod, kind).get(attr)
             if now is not t:
@@ -431,9 +489,6 @@ class _Runner:
                     "make_graphed_callables (the graph reads the tensor it was captured with). "
                     "Update it in place (with torch.no_grad(): p.copy_(new)), or graph the module "
                     "again" % ("parameter" if kind == "_parameters" else "buffer", attr))
-        for view, b in self.own_buffers:
-            if b.data_ptr() != view.data_ptr():
-                _converted("buffer", b, view)
 
     def __deepcopy__(self, memo):
         raise TypeError("graphd: a graphed function cannot be copied: it replays graphs that "
@@ -449,11 +504,15 @@ class _Runner:
         if user_kwargs:
             raise TypeError("graphd: a graphed callable takes its args as in sample_args "
                             "(positional only), not keyword args %s" % sorted(user_kwargs))
-        flat = tree_flatten(user_args)[0]
+        # Plain tensors (the usual call) are their own flattening: tree_flatten only for others.
+        if all(map(isinstance, user_args, itertools.repeat(torch.Tensor))):
+            flat = user_args
+        else:
+            flat = tuple(tree_flatten(user_args)[0])
         if len(flat) != self.n_args:
             raise TypeError("graphd: the graphed callable was captured with %d tensor args, "
                             "got %d" % (self.n_args, len(flat)))
-        out = _Graphed.apply(self, *(tuple(flat) + self.autograd_params))
+        out = _Graphed.apply(self, *(flat + self.autograd_params))
         return tree_unflatten(list(out), self.out_spec)
 
 
@@ -515,11 +574,15 @@ class _Graphed(torch.autograd.Function):
                                        "captured with %s" % (k, tuple(x.shape),
                                                              tuple(static.shape)))
                 static.copy_(x)
-        for static, p in zip(s.params, runner.module_params):
-            if static.data_ptr() != p.data_ptr():  # shared with another graphed callable
-                if (p.dtype, p.device, p.shape) != (static.dtype, static.device, static.shape):
-                    _converted("parameter", p, static)
-                static.copy_(p)
+        # Parameters are their static tensors unless shared with another graphed callable
+        # (compared in C: a Python loop over them would cost every step more than the check).
+        if list(map(_DATA_PTR, runner.module_params)) != s.param_ptrs:
+            for static, p in zip(s.params, runner.module_params):
+                if static.data_ptr() != p.data_ptr():
+                    if ((p.dtype, p.device, p.shape)
+                            != (static.dtype, static.device, static.shape)):
+                        _converted("parameter", p, static)
+                    static.copy_(p)
         for static, b in runner.mirrored_buffers:
             if (b.dtype, b.device, b.shape) != (static.dtype, static.device, static.shape):
                 _converted("buffer", b, static)
@@ -574,7 +637,7 @@ class _Graphed(torch.autograd.Function):
                 g = g.detach()
             result.append(g)
         if runner.external_grads and runner.handed_out:
-            _EXPOSED.add(runner)
+            runner.expose()
         return tuple(result)
 
 

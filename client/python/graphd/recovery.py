@@ -65,12 +65,19 @@ def replay(graph, phase, rpc, stream, recover):
     except GraphdError as e:
         if not recover:
             raise
+        if recover == "raise":
+            failed(graph, e)
         client._recovery.recover_or_raise(e)
-    if recover == "raise":
-        raise Recovered()
     if graph._lost:
         raise make_error("FAILED_PRECONDITION", graph._lost)
     return client._replay(graph._handle, phase, rpc, stream)
+
+
+def failed(graph, e):
+    """A replay of graph failed with e: raises e, or, where the daemon was restarted and the
+    session restored, Recovered for the caller to retry on the new graph."""
+    graph._client._recovery.recover_or_raise(e)
+    raise Recovered()
 
 
 def _daemon_silent(e):
