@@ -409,6 +409,20 @@ def test_buffer_writes_reach_the_graph():
     assert int(t[1].num_batches_tracked) == 2
 
 
+def _two_callables_sharing(shared):
+    """a = Linear(3, 4) then shared, b = shared then Linear(4, 2), graphed in one call: (a, b),
+    their eager twins (sharing their copy of shared), the sample args and the graphed pair."""
+    a = nn.Sequential(nn.Linear(3, 4), shared)
+    b = nn.Sequential(shared, nn.Linear(4, 2))
+    twin_a, twin_b = copy.deepcopy((a, b))
+    assert twin_a[1] is twin_b[0]
+    xs = torch.randn(5, 3)
+    hs = torch.randn(5, 4, requires_grad=True)
+    ga, gb = graphd.make_graphed_callables((a, b), ((xs.clone(),), (hs.detach().clone()
+                                                                   .requires_grad_(),)))
+    return a, b, twin_a, twin_b, xs, hs, ga, gb
+
+
 @pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning")
 def test_buffers_shared_by_two_callables():
     """One BatchNorm in two callables of one call: its buffers live in the first graph's static
@@ -416,14 +430,7 @@ def test_buffers_shared_by_two_callables():
     order, as in eager mode."""
     torch.manual_seed(0)
     bn = nn.BatchNorm1d(4)
-    a = nn.Sequential(nn.Linear(3, 4), bn)
-    b = nn.Sequential(bn, nn.Linear(4, 2))
-    twin_a, twin_b = copy.deepcopy((a, b))
-    assert twin_a[1] is twin_b[0]
-    xs = torch.randn(5, 3)
-    hs = torch.randn(5, 4, requires_grad=True)
-    ga, gb = graphd.make_graphed_callables((a, b), ((xs.clone(),), (hs.detach().clone()
-                                                                   .requires_grad_(),)))
+    a, b, twin_a, twin_b, xs, hs, ga, gb = _two_callables_sharing(bn)
     _upstream_warmup(twin_a, (xs,))
     _upstream_warmup(twin_b, (hs,))
     assert int(bn.num_batches_tracked) == 6
@@ -493,15 +500,7 @@ def test_parameter_shared_by_two_callables():
     (found by comparing data pointers every call); after optimizer steps both graphs must see the
     updated weights, as the eager modules do."""
     torch.manual_seed(0)
-    shared = nn.Linear(4, 4)
-    a = nn.Sequential(nn.Linear(3, 4), shared)
-    b = nn.Sequential(shared, nn.Linear(4, 2))
-    twin_a, twin_b = copy.deepcopy((a, b))
-    assert twin_a[1] is twin_b[0]
-    xs = torch.randn(5, 3)
-    hs = torch.randn(5, 4, requires_grad=True)
-    ga, gb = graphd.make_graphed_callables((a, b), ((xs.clone(),), (hs.detach().clone()
-                                                                   .requires_grad_(),)))
+    a, b, twin_a, twin_b, xs, hs, ga, gb = _two_callables_sharing(nn.Linear(4, 4))
     params = lambda m1, m2: list(m1.parameters()) + list(m2[1].parameters())  # noqa: E731
     opt_g = torch.optim.SGD(params(a, b), lr=0.1)
     opt_e = torch.optim.SGD(params(twin_a, twin_b), lr=0.1)

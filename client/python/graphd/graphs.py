@@ -225,7 +225,7 @@ class _Static:
         self.grad_outputs = by_role[_lib.ROLE_GRAD_OUTPUT]  # output index => view
         self.grad_inputs = by_role[_lib.ROLE_GRAD_INPUT]    # arg index => view
         self.params = ordered(_lib.ROLE_PARAM)
-        self.param_ptrs = [t.data_ptr() for t in self.params]  # for each FORWARD's check
+        self.param_ptrs = list(map(_DATA_PTR, self.params))  # for each FORWARD's check
         self.param_names = [names[(_lib.ROLE_PARAM, k)] for k in range(len(self.params))]
         self.param_grads = by_role[_lib.ROLE_PARAM_GRAD]    # param index => view
         self.buffers = ordered(_lib.ROLE_BUFFER)
