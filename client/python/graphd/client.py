@@ -570,12 +570,12 @@ class Client:
     def _replay(self, handle, phase, rpc, stream=None):
         """One replay: stream-ordered when stream (a cudaStream_t as int) is given, else the REPLAY
         frame or, with rpc, the gRPC Replay."""
+        if stream is not None:  # an int; 0 (the default stream) goes as NULL
+            return self._post(handle, int(phase), int(stream))
         with self._lock:
             if self._closed or not self._h:
                 self._check_open()
-            if stream is not None:  # an int; 0 (the default stream) goes as NULL
-                rc = self._c_replay_stream(handle, int(phase), int(stream), self._replay_ns_ref)
-            elif rpc:
+            if rpc:
                 rc = self._c_replay_rpc(handle, int(phase), self._replay_ns_ref)
             else:
                 rc = self._c_replay(handle, int(phase), self._replay_ns_ref)
@@ -584,14 +584,16 @@ class Client:
             return self._replay_ns.value
 
     def _post(self, handle, phase, stream):
-        """_replay's stream-ordered branch alone (phase an int, stream a cudaStream_t as int):
-        a device-resident graph's replay, twice in every training step."""
+        """A stream-ordered replay (phase an int, stream a cudaStream_t as int): a
+        device-resident graph's, twice in every training step, which _Runner.replay calls
+        straight. Returns what the daemon reports as its launch time (0 when posted)."""
         with self._lock:
             if self._closed or not self._h:
                 self._check_open()
             rc = self._c_replay_stream(handle, phase, stream, self._replay_ns_ref)
             if rc != 0:
                 raise self._fail(rc, "Replay failed")
+            return self._replay_ns.value
 
     def set_replay_posted(self, posted):
         """Stream-ordered replays posted (True, the default unless GRAPHD_REPLAY_ORDER=events):
