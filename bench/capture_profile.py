@@ -71,7 +71,8 @@ from bench_models import mlp  # noqa: E402 (bench/, the script's own folder)
 
 # The daemon's line for a capture; a daemon from before the steps were logged gives the total only.
 DAEMON_LINE = re.compile(r"captured \d+ graphs? in pool \S+ \(([\d.]+) ms(?:: prepare ([\d.]+) ms, "
-                         r"regions ([\d.]+) ms, finish ([\d.]+) ms, queued ([\d.]+) ms)?\)")
+                         r"regions ([\d.]+) ms, finish ([\d.]+) ms, queued ([\d.]+) ms"
+                         r"(?:; warm-up reused for (\d+))?)?\)")
 
 
 class Timers:
@@ -354,6 +355,7 @@ def main():
         ("  daemon: regions", lambda w, t, d: d[2] if d else float("nan")),
         ("  daemon: finish", lambda w, t, d: d[3] if d else float("nan")),
         ("  daemon: queued", lambda w, t, d: d[4] if d else float("nan")),
+        ("  daemon: warm-ups reused (count)", lambda w, t, d: d[5] if d else float("nan")),
         ("  gRPC + mapping regions", lambda w, t, d: (t.get("Capture", 0) * 1e3 - d[0])
          if d else float("nan")),
         ("held-module lookup (client)", lambda w, t, d: (t.get("register", 0)

@@ -256,12 +256,18 @@ static void capture_finish_done(gd_job_t *job)
     double steps_ms = ms_between(op->prepare_start, op->prepare_end) +
                       ms_between(op->regions_start, op->regions_end) +
                       ms_between(op->finish_start, op->finish_end);
+    size_t reused = 0;
+    for (size_t i = 0; i < op->n; i++) {
+        gr_graph_info_t gi;
+        gd_exec_graph_info(op->graphs[i], &gi);
+        reused += gi.warmup_reused != 0;
+    }
     gd_info("session %llu: captured %zu graph%s in pool %s (%.1f ms: prepare %.1f ms, regions "
-            "%.1f ms, finish %.1f ms, queued %.1f ms)",
+            "%.1f ms, finish %.1f ms, queued %.1f ms; warm-up reused for %zu)",
             (unsigned long long)op->session, op->n, op->n == 1 ? "" : "s", op->pool->name,
             (double)ns / 1e6, ms_between(op->prepare_start, op->prepare_end),
             ms_between(op->regions_start, op->regions_end),
-            ms_between(op->finish_start, op->finish_end), (double)ns / 1e6 - steps_ms);
+            ms_between(op->finish_start, op->finish_end), (double)ns / 1e6 - steps_ms, reused);
 
     Graphd__V1__CaptureReply rep = GRAPHD__V1__CAPTURE_REPLY__INIT;
     Graphd__V1__GraphInfo infos[MAX_CALLABLES], *info_list[MAX_CALLABLES];
@@ -307,6 +313,7 @@ static void capture_finish_done(gd_job_t *job)
         infos[i].num_params = gi.counts[GR_ROLE_PARAM];
         infos[i].num_buffers = gi.counts[GR_ROLE_BUFFER];
         infos[i].has_backward = gi.has_backward != 0;
+        infos[i].warmup_reused = gi.warmup_reused != 0;
         info_list[i] = &infos[i];
     }
     if (failed || oom) {
@@ -624,6 +631,7 @@ void gd_rpc_capture(void *ctx, gd_call_t *call, const ProtobufCMessage *msg)
     op->opts.allow_unused_input = req->allow_unused_input;
     op->opts.resident = req->device_resident ? 1 : 0;
     op->opts.copy_param_grads = req->copy_param_grads ? 1 : 0;
+    op->opts.reuse_warmup = d->cfg.reuse_warmup ? 1 : 0;
     op->d = d;
     op->call = call;
     op->session = s->id;

@@ -89,6 +89,12 @@ const gd_setting_t gd_settings[] = {
      "longest one capture step (warm-up and layout, or the capture itself) may take; past it "
      "the executor is killed and the call fails with DEADLINE_EXCEEDED (0: no bound)",
      NULL},
+    {"reuse_warmup", GD_CFG_UINT, FIELD(reuse_warmup), "1", 0, 1, true,
+     "1: a capture skips its warm-up where the tenant's executor has warmed up the same module "
+     "archive, method and sample specs before and the warm-up could change no state (no random "
+     "ops, no buffers, nothing outside the method written, floating-point args only; "
+     "docs/ARCHITECTURE.md); 0: every capture runs its num_warmup_iters warm-up iterations",
+     NULL},
     {"max_replay_ms", GD_CFG_UINT, FIELD(max_replay_ms), "60000", 0, 86400000, true,
      "longest one replay may take; past it the tenant's executor on that device is killed, "
      "the replay fails with DEADLINE_EXCEEDED and the tenant's graphs there are gone (0: no "

@@ -41,6 +41,7 @@ typedef struct gd_config {
     uint64_t executor_sandbox;
     uint64_t max_load_ms;
     uint64_t max_capture_ms;
+    uint64_t reuse_warmup;
     uint64_t max_replay_ms;
     uint64_t max_executor_memory_bytes;
     uint64_t executor_cgroup;

@@ -1198,6 +1198,7 @@ int gd_exec_capture_prepare(gd_exec_t *x, const char *device, size_t n, const gd
     gx_put_u64(&b, opts->pool ? opts->pool->r.id : 0);
     gx_put_i32(&b, opts->resident);
     gx_put_i32(&b, opts->copy_param_grads);
+    gx_put_i32(&b, opts->reuse_warmup);
     gx_put_u32(&b, (uint32_t)n);
     for (size_t i = 0; i < n; i++) {
         gx_put_u64(&b, mids[i]);

@@ -117,7 +117,7 @@ typedef struct gd_xcallable {
 typedef struct gd_xcapture_opts {
     int num_warmup_iters, allow_unused_input;
     gd_xpool_t *pool;
-    int resident, copy_param_grads;
+    int resident, copy_param_grads, reuse_warmup;
 } gd_xcapture_opts_t;
 
 /* gr_capture_prepare in x; the modules are loaded there first where they are not yet. */

@@ -23,9 +23,14 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <deque>
+#include <mutex>
+#include <optional>
+#include <unordered_map>
 #include <unordered_set>
 
 #include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/jit/ir/alias_analysis.h>
 #include <torch/csrc/jit/ir/ir.h>
 #include <torch/csrc/jit/passes/inliner.h>
 #include <torch/csrc/jit/runtime/graph_executor.h>
@@ -472,6 +477,132 @@ bool uses_random_ops(const torch::jit::Module &module, const torch::jit::Method 
     return random;
 }
 
+/* ---- reused warm-ups (gr_capture_prepare, runtime.h) -------------------------------------- */
+
+/* Whether the method (inlined) is straight-line code that writes nothing from outside it: no
+ * branch or loop (a scripted method's values could pick its path), no attribute set, and no
+ * write to its args or the module's parameters, buffers or other attributes (alias analysis, so
+ * an in-place op on a value the method made itself, such as ReLU(inplace=True) on a layer's
+ * output, does not count). A torch.jit.trace'd module is straight-line by construction. */
+bool straight_and_pure(const torch::jit::Method &method)
+{
+    std::shared_ptr<torch::jit::Graph> g = method.graph()->copy();
+    torch::jit::Inline(*g);
+    torch::jit::AliasDb db(g);
+    torch::jit::ValueSet outside(g->inputs().begin(), g->inputs().end());
+    each_node(g->block(), [&](torch::jit::Node *n) {
+        if (n->kind() == c10::prim::GetAttr)
+            outside.insert(n->output());
+    });
+    bool pure = true;
+    each_node(g->block(), [&](torch::jit::Node *n) {
+        pure = pure && n->kind() != c10::prim::If && n->kind() != c10::prim::Loop &&
+               n->kind() != c10::prim::SetAttr && !db.writesToAlias(n, outside);
+    });
+    return pure;
+}
+
+/* What one warm-up learned, and whether a warm-up of the same key can be skipped. */
+struct Learned {
+    bool skippable = false;
+    std::vector<OutputMeta> outputs;
+    bool has_backward = false;
+    std::vector<bool> grad_absent;
+};
+
+/* Everything a callable's warm-up depends on, but the values of its args and parameters: the
+ * module (its archive's SHA-256 and the scope it was loaded under), method, device, options and
+ * sample specs. */
+std::string warmup_key(const gr_callable_spec_t &spec, const Callable &c,
+                       const gr_capture_opts_t &o)
+{
+    std::string k = module_key(spec.module);
+    k += '\0';
+    k += c.method_name;
+    k += '\0';
+    k += c.device.str();
+    auto put = [&k](int64_t v) { k.append(reinterpret_cast<const char *>(&v), sizeof v); };
+    put(c.allow_unused);
+    put(o.resident);
+    put(c.external_param_grads);
+    put(static_cast<int64_t>(spec.n_args));
+    for (size_t j = 0; j < spec.n_args; j++) {
+        const gr_arg_spec_t &a = spec.args[j];
+        put(a.dtype);
+        put(a.requires_grad != 0);
+        put(a.ndim);
+        for (uint32_t d = 0; d < a.ndim; d++)
+            put(a.shape[d]);
+    }
+    return k;
+}
+
+/* A warm-up could change nothing the capture starts from, and the values it ran on could not
+ * change what it learned or set up: no random draws, no buffers to update, straight-line code
+ * that writes nothing outside the method, and no arg whose values could pick what runs
+ * (indices). */
+bool warmup_skippable(const gr_callable_spec_t &spec, const Callable &c)
+{
+    if (c.random || !c.buffers.empty())
+        return false;
+    for (size_t j = 0; j < spec.n_args; j++)
+        if (!gr_dtype_is_floating(spec.args[j].dtype))
+            return false;
+    return straight_and_pure(*c.method);
+}
+
+/* The process's warm-ups, by warmup_key: the last kWarmupMemo keys. */
+class WarmupMemo
+{
+  public:
+    std::optional<Learned> find(const std::string &key)
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        auto it = map_.find(key);
+        if (it == map_.end())
+            return std::nullopt;
+        return it->second;
+    }
+    void store(const std::string &key, Learned learned)
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        auto [it, fresh] = map_.insert_or_assign(key, std::move(learned));
+        (void)it;
+        if (!fresh)
+            return;
+        order_.push_back(key);
+        if (order_.size() > kWarmupMemo) {
+            map_.erase(order_.front());
+            order_.pop_front();
+        }
+    }
+
+  private:
+    static constexpr size_t kWarmupMemo = 1024;
+    std::mutex mu_;
+    std::unordered_map<std::string, Learned> map_;
+    std::deque<std::string> order_;
+};
+
+WarmupMemo &warmup_memo()
+{
+    static WarmupMemo *memo = new WarmupMemo; /* never destroyed: captures may run at exit */
+    return *memo;
+}
+
+Learned learned_of(const Callable &c, bool skippable)
+{
+    return Learned{skippable, c.outputs, c.has_backward, c.grad_absent};
+}
+
+void apply(Callable &c, const Learned &l)
+{
+    c.outputs = l.outputs;
+    c.has_backward = l.has_backward;
+    c.grad_absent = l.grad_absent;
+    c.warmup_reused = true;
+}
+
 at::Tensor make_sample(const gr_arg_spec_t &a, c10::Device device)
 {
     std::vector<int64_t> shape(a.shape, a.shape + a.ndim);
@@ -662,6 +793,7 @@ void fill_info(const Callable &c, const Pool &pool, gr_graph_info_t *out)
     std::snprintf(info.device, sizeof(info.device), "%s", pool.device_name.c_str());
     info.is_training = c.is_training ? 1 : 0;
     info.has_backward = c.has_backward ? 1 : 0;
+    info.warmup_reused = c.warmup_reused ? 1 : 0;
     for (const gr_tensor_desc_t &d : c.layout)
         info.counts[d.role]++;
     info.total_bytes = c.total_bytes;
@@ -860,18 +992,37 @@ extern "C" int gr_capture_prepare(const char *device, size_t n, const gr_callabl
         bool random = false;
         for (const auto &cl : cap->callables)
             random = random || cl->random;
+        /* Reused warm-ups (runtime.h): a callable whose key is known, and skippable, is not run;
+         * the family's warm-up still orders the module copies before the capture. */
+        std::vector<std::string> keys(o.reuse_warmup ? n : 0);
+        std::vector<std::optional<gr::Learned>> seen(keys.size()), reuse(n);
+        for (size_t i = 0; i < keys.size(); i++) {
+            keys[i] = gr::warmup_key(specs[i], *cap->callables[i], o);
+            seen[i] = gr::warmup_memo().find(keys[i]);
+            if (seen[i] && seen[i]->skippable)
+                reuse[i] = seen[i];
+        }
         pool.family->warmup(pool.index, random, [&] {
             for (size_t i = 0; i < n; i++)
                 gr::in_context("callable " + std::to_string(i) + " warm-up", GR_EINVAL, [&] {
-                    for (int it = 0; it < o.num_warmup_iters; it++)
+                    for (int it = 0; !reuse[i] && it < o.num_warmup_iters; it++)
                         gr::warmup_iteration(*cap->callables[i]);
                 });
         });
         for (size_t i = 0; i < n; i++)
             gr::in_context("callable " + std::to_string(i), GR_EINVAL, [&] {
-                if (o.num_warmup_iters == 0)
-                    gr::probe(*cap->callables[i]);
-                gr::build_layout(*cap->callables[i]);
+                gr::Callable &cl = *cap->callables[i];
+                if (reuse[i]) {
+                    gr::apply(cl, *reuse[i]);
+                } else {
+                    if (o.num_warmup_iters == 0)
+                        gr::probe(cl);
+                    if (!keys.empty()) /* a key seen before keeps its verdict: no */
+                        gr::warmup_memo().store(
+                            keys[i],
+                            gr::learned_of(cl, !seen[i] && gr::warmup_skippable(specs[i], cl)));
+                }
+                gr::build_layout(cl);
             });
         *out = cap.release();
         return GR_OK;

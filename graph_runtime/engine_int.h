@@ -102,6 +102,8 @@ int from_scalar(c10::ScalarType t);
 /* A deep copy of a loaded module on device: its own parameters (leaves, requires_grad as in the
  * original) and buffers. Serialised per module (module.cpp). */
 torch::jit::Module module_clone(gr_module_t *m, c10::Device device);
+/* What names a loaded module: the scope it was loaded under and its archive's SHA-256. */
+const std::string &module_key(const gr_module_t *m);
 
 /* What a family keeps per callable (a CUDA family: the forward and backward graphs). */
 struct FamilyState {
@@ -150,7 +152,8 @@ struct Callable {
     std::vector<at::Tensor> buffers;
     size_t n_static_buffers = 0;
     std::vector<OutputMeta> outputs;
-    bool has_backward = false; /* some output requires grad */
+    bool has_backward = false;  /* some output requires grad */
+    bool warmup_reused = false; /* prepare skipped the warm-up (gr_capture_opts_t.reuse_warmup) */
     /* The method uses random ops (engine: uses_random_ops); rng is then the family's state spec,
      * when it carries one, and after finish rng_state is its RNG_STATE tensor (a dev_view). */
     bool random = false;

@@ -24,7 +24,7 @@
  *   POOL_DESTROY     u64 pool -> ()
  *   POOL_MEMORY      u64 pool -> u64 reserved, u64 in_use
  *   CAPTURE_PREPARE  str device, i32 warmup, i32 allow_unused, u64 pool (0: private),
- *                    i32 resident, i32 copy_param_grads, u32 n, n x callable
+ *                    i32 resident, i32 copy_param_grads, i32 reuse_warmup, u32 n, n x callable
  *                      callable = u64 module, str method ("": forward), u32 n_args, n_args x arg
  *                      arg = i32 dtype, u32 ndim, i64 shape[ndim], i32 requires_grad,
  *                            bytes data (empty: none)

@@ -688,6 +688,7 @@ static int op_capture_prepare(gx_rbuf_t *r, msg_t *m, gx_wbuf_t *out)
     uint64_t pool_id = gx_get_u64(r);
     opts.resident = gx_get_i32(r);
     opts.copy_param_grads = gx_get_i32(r);
+    opts.reuse_warmup = gx_get_i32(r) != 0;
     uint32_t n = gx_get_u32(r);
     if (r->bad)
         return parsed(r, "CAPTURE_PREPARE");

@@ -497,6 +497,11 @@ torch::jit::Module copy_to(const torch::jit::Module &m, c10::Device device)
 namespace gr
 {
 
+const std::string &module_key(const gr_module_t *m)
+{
+    return m->key;
+}
+
 torch::jit::Module module_clone(gr_module_t *m, c10::Device device)
 {
     std::lock_guard<std::mutex> lock(m->clone_mu);

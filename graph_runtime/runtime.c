@@ -146,6 +146,7 @@ void gr_capture_opts_init(gr_capture_opts_t *o)
     o->pool = NULL;
     o->resident = 0;
     o->copy_param_grads = 1;
+    o->reuse_warmup = 1;
 }
 
 int gr_cuda_mps_pipe(char *dir, size_t len)

@@ -270,10 +270,14 @@ typedef struct gr_capture_opts {
      * memory afterwards (upstream's graphs of one pool do the same to their static gradients):
      * read it before the next replay. */
     int copy_param_grads;
+    /* 1: a callable whose warm-up can change nothing but what this process has already set up
+     * skips it, where this process has warmed up the same module, method and sample specs before
+     * (see gr_capture_prepare). 0: every capture warms up. */
+    int reuse_warmup;
 } gr_capture_opts_t;
 
 /* Fills o with the defaults (3 warm-up iterations, unused inputs an error, a private pool, host
- * blocks, parameter gradients copied into the block). */
+ * blocks, parameter gradients copied into the block, warm-ups reused). */
 void gr_capture_opts_init(gr_capture_opts_t *o);
 
 /* Flags of a gr_tensor_desc_t. */
@@ -331,6 +335,7 @@ typedef struct gr_graph_info {
     uint64_t backward_replays;
     uint64_t failed_replays;
     int forward_pending; /* a FORWARD waits for its BACKWARD */
+    int warmup_reused;   /* the capture skipped its warm-up (gr_capture_opts_t.reuse_warmup) */
 } gr_graph_info_t;
 
 /* Phase 1. For each callable: deep-copies the module onto device ("cpu:0"), checks that buffers
@@ -338,7 +343,16 @@ typedef struct gr_graph_info {
  * then autograd.grad over the outputs that require grad w.r.t. the inputs and parameters that do)
  * and works out the static block layout. Module errors (shape mismatch, unused input without
  * allow_unused_input, a forward that raises) are GR_EINVAL with libtorch's message; a device
- * family not built in is GR_EUNSUPPORTED; an unknown device index GR_ENOTFOUND. */
+ * family not built in is GR_EUNSUPPORTED; an unknown device index GR_ENOTFOUND.
+ * Reused warm-ups (opts->reuse_warmup): a warm-up sets up what the device needs (kernels,
+ * library handles and workspaces, autotuned algorithms), learns the outputs and which gradients
+ * are absent, and may change state the capture then starts from. A callable skips it, taking
+ * what it learned from the last warm-up, when this process has warmed up the same module (the
+ * same archive, loaded under the same scope), method, device, sample specs and options before,
+ * and its warm-up could change no state nor depend on the sample values: no random ops, no
+ * buffers, a straight-line method (no branch or loop, as every traced one) that writes to none of
+ * its args, parameters or attributes, and only floating-point args (whose values cannot pick
+ * what runs, as indices can). The graph captured is the same either way. */
 int gr_capture_prepare(const char *device, size_t n, const gr_callable_spec_t *specs,
                        const gr_capture_opts_t *opts /* [optional] */, gr_capture_t **out);
 /* Two-call pattern for callable i: with items NULL, *count gets the number of static tensors;

@@ -232,6 +232,11 @@ int graphd_graph_has_backward(const graphd_graph_t *g)
     return g->has_backward;
 }
 
+int graphd_graph_warmup_reused(const graphd_graph_t *g)
+{
+    return g->warmup_reused;
+}
+
 int graphd_graph_tensors(const graphd_graph_t *g, size_t *count, graphd_tensor_t *items)
 {
     if (g == NULL || count == NULL)
@@ -371,6 +376,7 @@ static int graph_from_info(graphd_client_t *c, const Graphd__V1__GraphInfo *info
     }
     g->training = info->training != 0;
     g->has_backward = info->has_backward != 0;
+    g->warmup_reused = info->warmup_reused != 0;
     g->n_tensors = info->n_tensors;
     link_graph(c, g);
     *out = g;

@@ -507,6 +507,9 @@ uint64_t graphd_graph_id(const graphd_graph_t *g);
 int graphd_graph_training(const graphd_graph_t *g);
 /* 1 when some output requires grad, so that BACKWARD is available. */
 int graphd_graph_has_backward(const graphd_graph_t *g);
+/* 1 when the daemon skipped the capture's warm-up, having warmed up the same module and sample
+ * specs for this uid before (its reuse_warmup setting; docs/OPERATIONS.md). */
+int graphd_graph_warmup_reused(const graphd_graph_t *g);
 /*
  * Replays one phase (GRAPHD_PHASE_*) with a REPLAY frame on the session
  * socket and waits for its completion; no allocation, one send and one

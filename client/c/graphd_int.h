@@ -89,6 +89,7 @@ struct graphd_graph {
     size_t n_extra;
     int training;
     int has_backward;
+    int warmup_reused;
     uint64_t direct_key; /* the replay connection its REPLAY frames go on (0: not asked yet) */
     size_t n_tensors;
     graphd_tensor_t tensors[]; /* data points into region */

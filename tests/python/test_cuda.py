@@ -133,6 +133,34 @@ def test_device_resident_parity_with_eager(opt_name):
         p.numel() * 4 for p in graphed.parameters())
 
 
+@pytest.mark.parametrize("resident", [True, False])
+def test_a_capture_that_reuses_a_warmup_trains_bit_for_bit_as_a_warmed_up_one(resident):
+    """Reused warm-ups (tests/python/test_warmup_reuse.py for which captures reuse): on CUDA the
+    second capture of a structure skips the warm-up, and its graphs are the first's: the same
+    losses and parameters, bit for bit, from the same start."""
+    if resident:
+        _need_cuda_here()
+    device = "cuda" if resident else "cpu"
+    torch.manual_seed(0)
+    start = nn.Sequential(nn.Linear(48, 80), nn.ReLU(inplace=True), nn.Linear(80, 48)).to(device)
+    xs = [torch.randn(24, 48, device=device) for _ in range(10)]
+    ys = [torch.randn(24, 48, device=device) for _ in range(10)]
+    runs = []
+    for _ in range(2):
+        model = copy.deepcopy(start)
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        g = graphd.make_graphed_callables(model, (xs[0].clone(),),
+                                          device=None if resident else "cuda:0")
+        runs.append((g._graphd_runner.graph.warmup_reused, train(model, g, xs, ys, opt),
+                     [p.detach().cpu().clone() for p in model.parameters()]))
+        del g
+    (reused0, loss0, params0), (reused1, loss1, params1) = runs
+    assert (reused0, reused1) == (False, True)
+    assert loss0 == loss1
+    for a, b in zip(params0, params1):
+        assert torch.equal(a, b)
+
+
 def _allocation_of(ptr):
     """(base, size) of the CUDA allocation, or CUDA IPC mapping, that holds device pointer ptr in
     this process (the driver's cuMemGetAddressRange)."""

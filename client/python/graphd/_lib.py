@@ -130,6 +130,7 @@ _PROTOS = {
     "graphd_graph_id": (_c.c_uint64, [_P]),
     "graphd_graph_training": (_c.c_int, [_P]),
     "graphd_graph_has_backward": (_c.c_int, [_P]),
+    "graphd_graph_warmup_reused": (_c.c_int, [_P]),
     "graphd_replay": (_c.c_int, [_P, _c.c_int, _U64_P]),
     "graphd_replay_rpc": (_c.c_int, [_P, _c.c_int, _U64_P]),
     "graphd_replay_stream": (_c.c_int, [_P, _c.c_int, _P, _U64_P]),

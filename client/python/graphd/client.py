@@ -64,6 +64,8 @@ class Graph:
         self.id = int(L.graphd_graph_id(handle))
         self.training = bool(L.graphd_graph_training(handle))
         self.has_backward = bool(L.graphd_graph_has_backward(handle))
+        # The daemon skipped this capture's warm-up (its reuse_warmup setting)
+        self.warmup_reused = bool(L.graphd_graph_warmup_reused(handle))
         count = ctypes.c_size_t(0)
         fn = L.graphd_graph_tensors
         rc = fn(handle, ctypes.byref(count), None)
