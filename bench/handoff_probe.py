@@ -24,6 +24,7 @@ import ctypes
 import faulthandler
 import statistics
 import sys
+import threading
 import time
 
 import torch
@@ -156,6 +157,7 @@ class Probe:
         self.y = torch.zeros(16, device="cuda:0")
         self.n = 0  # the counters' last value: they only grow, across rows and reps
         self.g = 0  # the gate's
+        self.filled = 0  # reps whose gate opened before all of their launches were queued
         torch.cuda.synchronize()
 
     def gated(self, body, before_release=None):
@@ -163,15 +165,22 @@ class Probe:
         first = self.n + 1
         self.g += 1
         ev0, ev1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        # The gate opens 20 ms after queuing began, from a thread of its own: a stream's queue can
+        # hold fewer launches than a rep (under MPS the first session saw the host block in a
+        # launch with the gate still shut), and then the rep counts as one whose queue filled.
+        gate = threading.Timer(0.02, self.drv.write_value, (self.gate, self.base + GATE, self.g))
+        t0 = time.monotonic()
         with torch.cuda.stream(self.client):
             self.drv.wait_geq(self.client, self.base + GATE, self.g, False)
             ev0.record(self.client)
+            gate.start()
             body(first)
             ev1.record(self.client)
         if before_release is not None:
             before_release()
-        time.sleep(0.005)  # let the other side's queue fill before the gate opens
-        self.drv.write_value(self.gate, self.base + GATE, self.g)
+        if time.monotonic() - t0 >= 0.02:
+            self.filled += 1
+        gate.join()
         ev1.synchronize()
         self.n = first + self.k - 1
         return ev0.elapsed_time(ev1) * 1e3 / self.k
@@ -183,6 +192,11 @@ class Probe:
             if after is not None:
                 after()
         torch.cuda.synchronize()
+        if self.filled:
+            print("  (%d of %d reps: the host was still queuing when the gate opened, so the "
+                  "device waited for launches: not device-bound figures; lower --round-trips)"
+                  % (self.filled, self.reps), flush=True)
+            self.filled = 0
         timeouts = int(self.flags[3].item())
         if timeouts:
             print("  (%d spins gave up after %.1f s: a spin kernel held a queue that the write it "
