@@ -99,6 +99,7 @@ def _unexpose(key, ref):
 _GRAD = operator.attrgetter("grad")
 _FIRST = operator.itemgetter(0)
 _DATA_PTR = torch.Tensor.data_ptr
+_DETACH = torch.Tensor.detach
 
 _HOOKS_MSG = ("Modules must not have hooks registered at the time they are passed. However, "
               "registering hooks on modules after passing them through make_graphed_callables "
@@ -343,6 +344,7 @@ class _Runner:
         self.external_grads = on_device and not graph.copy_param_grads
         # (parameter, static gradient) handed to AccumulateGrad since the last protect()
         self.handed_out = []
+        self._grad_pairs = None  # grad_pairs()'s, with the _Static it was made for
         self.ref = weakref.ref(self, functools.partial(_unexpose, id(self)))
         self.rng = _Rng(static.rng, self.cuda_device) if static.rng is not None else None
         # Device-resident replays ordered on the current stream by libgraphd (posted or by
@@ -443,6 +445,14 @@ class _Runner:
             for b, v in zip(s.buffers, buffers):
                 b.copy_(v)
         self.stale = False
+
+    def grad_pairs(self, s):
+        """((parameter, static gradient), ...) and (static gradient, ...) of s, in the order of
+        the Function's parameter inputs (grad_params); made once per _Static."""
+        if self._grad_pairs is None or self._grad_pairs[0] is not s:
+            pairs = tuple((self.module_params[k], s.param_grads[k]) for k in self.grad_params)
+            self._grad_pairs = (s, pairs, tuple(g for _, g in pairs))
+        return self._grad_pairs[1:]
 
     def protect(self):
         """Before a replay that may overwrite this runner's static gradients (its own BACKWARD;
@@ -613,7 +623,6 @@ class _Graphed(torch.autograd.Function):
             raise make_error("FAILED_PRECONDITION", _BACKWARD_TWICE)
         runner.backpropagated = ctx.forward
         need = ctx.needs_input_grad
-        params = runner.module_params
         for k, static in s.grad_outputs.items():
             grad = grads[k]
             if grad is None:
@@ -628,14 +637,20 @@ class _Graphed(torch.autograd.Function):
             if (_lib.ROLE_GRAD_INPUT, k) in s.absent:
                 g = None
             result.append(g.clone() if g is not None and need[1 + k] else None)
-        for j, k in enumerate(runner.grad_params):  # the Function's parameter inputs
-            g = s.param_grads.get(k)
-            if (_lib.ROLE_PARAM_GRAD, k) in s.absent or not need[1 + runner.n_args + j]:
-                g = None
-            if g is not None:  # AccumulateGrad takes the view as param.grad: no copy
-                runner.handed_out.append((params[k], g))
-                g = g.detach()
-            result.append(g)
+        # The Function's parameter inputs (grad_params: none is absent). AccumulateGrad takes a
+        # detached view as param.grad, with no copy.
+        pairs, views = runner.grad_pairs(s)
+        base = 1 + runner.n_args
+        if all(need[base:]):  # the usual step: every parameter wants its gradient
+            runner.handed_out.extend(pairs)
+            result.extend(map(_DETACH, views))
+        else:
+            for j, (param, g) in enumerate(pairs):
+                if need[base + j]:
+                    runner.handed_out.append((param, g))
+                    result.append(g.detach())
+                else:
+                    result.append(None)
         if runner.external_grads and runner.handed_out:
             runner.expose()
         return tuple(result)
