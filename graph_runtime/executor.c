@@ -2040,6 +2040,39 @@ static bool rings_asleep(bool on)
 /* While device frees are deferred, how often the idle loop retries them, in milliseconds. */
 #define RECLAIM_POLL_MS 20
 
+/* How long one turn of the hot loop waits for a ring slot in user space before it polls. */
+#define SPIN_SLICE_NS 20000
+
+/* While the loop is hot (--spin-us) and every connection is on a replay ring with nothing else
+ * to do: waits for a ring slot with the CPU's spin-wait hint, up to SPIN_SLICE_NS or hot_until,
+ * before the loop's poll. Polling on every turn made the hot loop a system call every
+ * microsecond; on a core whose other hardware thread runs a training process, that thread lost
+ * issue slots to it. Sockets and the channel are polled every slice still (a frame or a daemon
+ * request waits at most that much longer while the loop is hot). */
+static void spin_on_rings(uint64_t hot_until)
+{
+    if (X.nconns == 0 || IN.tail > IN.head)
+        return;
+    for (size_t i = 0; i < X.nconns; i++)
+        if (X.conns[i]->ring == NULL || X.conns[i]->in_len > 0 || X.conns[i]->out_len > 0)
+            return;
+    uint64_t until = now_ns() + SPIN_SLICE_NS;
+    if (until > hot_until)
+        until = hot_until;
+    do {
+        for (int k = 0; k < 64; k++) {
+            for (size_t i = 0; i < X.nconns; i++)
+                if (ring_waiting(X.conns[i]) != 0)
+                    return;
+#if defined(__x86_64__) || defined(__i386__)
+            __builtin_ia32_pause();
+#elif defined(__aarch64__)
+            __asm__ __volatile__("yield");
+#endif
+        }
+    } while (now_ns() < until);
+}
+
 static int serve(void)
 {
     static struct pollfd pf[1 + CONN_MAX];
@@ -2069,6 +2102,8 @@ static int serve(void)
                 (struct pollfd){.fd = X.conns[i]->fd,
                                 .events = (short)(POLLIN | (X.conns[i]->out_len ? POLLOUT : 0))};
         size_t npf = 1 + X.nconns;
+        if (timeout == 0 && !more && device)
+            spin_on_rings(hot_until);
         bool asleep = timeout != 0 && rings_asleep(true);
         if (timeout != 0 && !asleep)
             timeout = 0; /* a ring took a slot while we looked */
