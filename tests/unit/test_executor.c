@@ -344,6 +344,7 @@ static void prepare_payload(gx_wbuf_t *b, uint64_t module, uint32_t ndim, int wi
     gx_put_u64(b, 0); /* private pool */
     gx_put_i32(b, 0); /* resident */
     gx_put_i32(b, 1); /* copy_param_grads */
+    gx_put_i32(b, 1); /* reuse_warmup */
     gx_put_u32(b, 1);
     gx_put_u64(b, module);
     gx_put_str(b, "");

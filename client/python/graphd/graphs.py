@@ -448,10 +448,13 @@ class _Runner:
 
     def grad_pairs(self, s):
         """((parameter, static gradient), ...) and (static gradient, ...) of s, in the order of
-        the Function's parameter inputs (grad_params); made once per _Static."""
+        the Function's parameter inputs (grad_params), or None when one of those has no static
+        gradient (a frozen parameter); made once per _Static."""
         if self._grad_pairs is None or self._grad_pairs[0] is not s:
-            pairs = tuple((self.module_params[k], s.param_grads[k]) for k in self.grad_params)
-            self._grad_pairs = (s, pairs, tuple(g for _, g in pairs))
+            pairs = None
+            if all(k in s.param_grads for k in self.grad_params):
+                pairs = tuple((self.module_params[k], s.param_grads[k]) for k in self.grad_params)
+            self._grad_pairs = (s, pairs, pairs and tuple(g for _, g in pairs))
         return self._grad_pairs[1:]
 
     def protect(self):
@@ -637,20 +640,20 @@ class _Graphed(torch.autograd.Function):
             if (_lib.ROLE_GRAD_INPUT, k) in s.absent:
                 g = None
             result.append(g.clone() if g is not None and need[1 + k] else None)
-        # The Function's parameter inputs (grad_params: none is absent). AccumulateGrad takes a
-        # detached view as param.grad, with no copy.
+        # The Function's parameter inputs (grad_params: none is absent, a frozen one has no
+        # static gradient). AccumulateGrad takes a detached view as param.grad, with no copy.
         pairs, views = runner.grad_pairs(s)
         base = 1 + runner.n_args
-        if all(need[base:]):  # the usual step: every parameter wants its gradient
+        if pairs is not None and all(need[base:]):  # the usual step: every one wants its grad
             runner.handed_out.extend(pairs)
             result.extend(map(_DETACH, views))
         else:
-            for j, (param, g) in enumerate(pairs):
-                if need[base + j]:
-                    runner.handed_out.append((param, g))
-                    result.append(g.detach())
-                else:
-                    result.append(None)
+            for j, k in enumerate(runner.grad_params):
+                g = s.param_grads.get(k) if need[base + j] else None
+                if g is not None:
+                    runner.handed_out.append((runner.module_params[k], g))
+                    g = g.detach()
+                result.append(g)
         if runner.external_grads and runner.handed_out:
             runner.expose()
         return tuple(result)
