@@ -693,6 +693,64 @@ static void test_unused_input_rejected(void **state)
     gr_module_release(m);
 }
 
+/* Reused warm-ups (runtime.h, gr_capture_prepare): a second capture of the same archive, loaded
+ * under the same scope, with the same specs skips its warm-up and computes what the warmed-up
+ * one does; reuse_warmup 0, another scope (another tenant) and other specs warm up. */
+static void test_warmup_reused(void **state)
+{
+    (void)state;
+    size_t len = 0;
+    void *bytes = read_file("mlp.pt", &len);
+    assert_non_null(bytes);
+    gr_module_t *a = NULL, *b = NULL;
+    assert_int_equal(gr_module_load_keyed(bytes, len, 4301, &a), GR_OK);
+    assert_int_equal(gr_module_load_keyed(bytes, len, 4302, &b), GR_OK);
+    free(bytes);
+    const int64_t s5[2] = {5, 16}, s6[2] = {6, 16}; /* batches no other test captures */
+    gr_arg_spec_t a5 = f32_arg(2, s5, 0), a6 = f32_arg(2, s6, 0);
+    gr_callable_spec_t specs[] = {{a, NULL, 1, &a5},
+                                  {a, NULL, 1, &a5},
+                                  {a, NULL, 1, &a5},
+                                  {b, NULL, 1, &a5},
+                                  {a, NULL, 1, &a6}};
+    gr_capture_opts_t on, off;
+    gr_capture_opts_init(&on);
+    gr_capture_opts_init(&off);
+    off.reuse_warmup = 0;
+    const gr_capture_opts_t *opts[] = {&on, &on, &off, &on, &on};
+    const int want[] = {0, 1, 0, 0, 0};
+    tgraph_t t[5];
+    for (int k = 0; k < 5; k++) {
+        capture_ok("cpu:0", 1, &specs[k], opts[k], &t[k]);
+        gr_graph_info_t info;
+        assert_int_equal(gr_graph_info(t[k].g, &info), GR_OK);
+        if (info.warmup_reused != want[k])
+            fail_msg("capture %d: warmup_reused %d, want %d", k, info.warmup_reused, want[k]);
+    }
+    /* The reused capture's forward and backward give the warmed-up one's bytes. */
+    for (int k = 0; k < 2; k++) {
+        float *x = f32(&t[k], GR_ROLE_INPUT, 0), *gout = f32(&t[k], GR_ROLE_GRAD_OUTPUT, 0);
+        for (int i = 0; i < 5 * 16; i++)
+            x[i] = (float)((i * 7) % 13) * 0.125f - 0.75f;
+        for (int i = 0; i < 5 * 8; i++)
+            gout[i] = (float)(i % 5) * 0.5f - 1.0f;
+        replay_ok(t[k].g, GR_PHASE_FORWARD);
+        replay_ok(t[k].g, GR_PHASE_BACKWARD);
+    }
+    assert_int_equal(t[0].count, t[1].count);
+    for (size_t k = 0; k < t[0].count; k++) {
+        const gr_tensor_desc_t *d0 = &t[0].layout[k], *d1 = &t[1].layout[k];
+        assert_int_equal(d0->role, d1->role);
+        assert_int_equal(d0->nbytes, d1->nbytes);
+        if (memcmp(at(&t[0], d0->offset), at(&t[1], d1->offset), d0->nbytes) != 0)
+            fail_msg("%s %u differs between the warmed-up and the reused capture",
+                     gr_role_name(d0->role), d0->index);
+    }
+    release(t, 5);
+    gr_module_release(a);
+    gr_module_release(b);
+}
+
 static void test_unused_input_allowed(void **state)
 {
     (void)state;
@@ -2258,6 +2316,7 @@ int main(void)
         cmocka_unit_test(test_two_callables_parity),
         cmocka_unit_test(test_unused_input_rejected),
         cmocka_unit_test(test_unused_input_allowed),
+        cmocka_unit_test(test_warmup_reused),
         cmocka_unit_test(test_eval_mode),
         cmocka_unit_test(test_batchnorm_buffers),
         cmocka_unit_test(test_batchnorm_buffer_tensors),
