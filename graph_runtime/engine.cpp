@@ -1017,7 +1017,8 @@ extern "C" int gr_capture_prepare(const char *device, size_t n, const gr_callabl
                 } else {
                     if (o.num_warmup_iters == 0)
                         gr::probe(cl);
-                    if (!keys.empty()) /* a key seen before keeps its verdict: no */
+                    /* A key seen before was judged not skippable (else it was reused). */
+                    if (!keys.empty())
                         gr::warmup_memo().store(
                             keys[i],
                             gr::learned_of(cl, !seen[i] && gr::warmup_skippable(specs[i], cl)));
