@@ -262,6 +262,7 @@ static void capture_finish_done(gd_job_t *job)
         gd_exec_graph_info(op->graphs[i], &gi);
         reused += gi.warmup_reused != 0;
     }
+    d->warmups_reused += reused;
     gd_info("session %llu: captured %zu graph%s in pool %s (%.1f ms: prepare %.1f ms, regions "
             "%.1f ms, finish %.1f ms, queued %.1f ms; warm-up reused for %zu)",
             (unsigned long long)op->session, op->n, op->n == 1 ? "" : "s", op->pool->name,

@@ -159,6 +159,7 @@ typedef struct gd_daemon {
     /* captures that started (their first step queued), how many failed, and how long each took
      * from then to its end (capture.c's capture_op_free), for the metrics */
     uint64_t captures, captures_failed;
+    uint64_t warmups_reused; /* callables whose capture skipped its warm-up (reuse_warmup) */
     gd_hist_t capture_latency;
     struct gd_metrics *metrics; /* the /metrics endpoint (metrics.h); NULL: metrics_listen off */
     bool stopping;

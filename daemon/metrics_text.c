@@ -241,6 +241,9 @@ static void captures_section(FILE *f, const gd_daemon_t *d)
     sample(f, "graphd_captures_total", NULL, d->captures);
     family(f, "graphd_capture_failures_total", "counter", "captures that ended in an error");
     sample(f, "graphd_capture_failures_total", NULL, d->captures_failed);
+    family(f, "graphd_capture_warmups_reused_total", "counter",
+           "graphs captured without a warm-up of their own (reuse_warmup)");
+    sample(f, "graphd_capture_warmups_reused_total", NULL, d->warmups_reused);
     family(f, "graphd_capture_duration_seconds", "histogram",
            "captures from their first step queued to their end, failed ones included");
     histogram(f, "graphd_capture_duration_seconds", NULL, &d->capture_latency);

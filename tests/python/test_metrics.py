@@ -17,6 +17,7 @@ import torch
 
 import graphd
 from conftest import BUILD, wait_for
+from graphd import graphs
 
 SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$')
 LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
@@ -195,6 +196,7 @@ def test_metrics_match_status(metrics_daemon):
         # Captures: the one made, and its duration histogram.
         assert get(m, "graphd_captures_total") == 1
         assert get(m, "graphd_capture_failures_total") == 0
+        assert get(m, "graphd_capture_warmups_reused_total") == 0  # the daemon's first capture
         assert check_histogram(m, "graphd_capture_duration_seconds") == 1
 
         # RPCs: what the work called, by method and code; in all, Status's counters (the
@@ -239,3 +241,21 @@ def test_bad_metrics_listen_refuses_to_start(tmp_path, listen, says):
     r = subprocess.run([str(BUILD / "graphd"), "--check-config", "--config", "/dev/null",
                         "--metrics-listen", listen], capture_output=True, text=True, timeout=30)
     assert r.returncode != 0 and says in r.stderr, r.stdout + r.stderr
+
+
+def test_reused_warmups_are_counted(metrics_daemon):
+    """Two captures of one module and spec: the second skips its warm-up (reuse_warmup,
+    tests/python/test_warmup_reuse.py), and the counter says so."""
+    address, url = metrics_daemon
+    with graphd.Client(address) as c:
+        mid = c.register_module(_archive())
+        reused = []
+        for _ in range(2):
+            (g,) = c.capture([(mid, None, [(graphs._DTYPES[torch.float32], (4, 3), False)])])
+            reused.append(g.warmup_reused)
+            del g
+    m, types = parse(scrape(url + "/metrics"))
+    assert reused == [False, True]
+    assert types["graphd_capture_warmups_reused_total"] == "counter"
+    assert get(m, "graphd_captures_total") == 2
+    assert get(m, "graphd_capture_warmups_reused_total") == 1
