@@ -2046,9 +2046,10 @@ static bool rings_asleep(bool on)
 /* While the loop is hot (--spin-us) and every connection is on a replay ring with nothing else
  * to do: waits for a ring slot with the CPU's spin-wait hint, up to SPIN_SLICE_NS or hot_until,
  * before the loop's poll. Polling on every turn made the hot loop a system call every
- * microsecond; on a core whose other hardware thread runs a training process, that thread lost
- * issue slots to it. Sockets and the channel are polled every slice still (a frame or a daemon
- * request waits at most that much longer while the loop is hot). */
+ * microsecond for as long as training went on. Sockets and the channel are polled every slice
+ * still (a frame or a daemon request waits at most that much longer while the loop is hot).
+ * Whether this changes training throughput has not been measured apart from the noise
+ * (docs/BENCHMARKS.md, issue 18's target 1, nineteenth session). */
 static void spin_on_rings(uint64_t hot_until)
 {
     if (X.nconns == 0 || IN.tail > IN.head)
