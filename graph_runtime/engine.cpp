@@ -995,25 +995,24 @@ extern "C" int gr_capture_prepare(const char *device, size_t n, const gr_callabl
         /* Reused warm-ups (runtime.h): a callable whose key is known, and skippable, is not run;
          * the family's warm-up still orders the module copies before the capture. */
         std::vector<std::string> keys(o.reuse_warmup ? n : 0);
-        std::vector<std::optional<gr::Learned>> seen(keys.size()), reuse(n);
+        std::vector<std::optional<gr::Learned>> known(n);
         for (size_t i = 0; i < keys.size(); i++) {
             keys[i] = gr::warmup_key(specs[i], *cap->callables[i], o);
-            seen[i] = gr::warmup_memo().find(keys[i]);
-            if (seen[i] && seen[i]->skippable)
-                reuse[i] = seen[i];
+            known[i] = gr::warmup_memo().find(keys[i]);
         }
+        auto reused = [&](size_t i) { return known[i] && known[i]->skippable; };
         pool.family->warmup(pool.index, random, [&] {
             for (size_t i = 0; i < n; i++)
                 gr::in_context("callable " + std::to_string(i) + " warm-up", GR_EINVAL, [&] {
-                    for (int it = 0; !reuse[i] && it < o.num_warmup_iters; it++)
+                    for (int it = 0; !reused(i) && it < o.num_warmup_iters; it++)
                         gr::warmup_iteration(*cap->callables[i]);
                 });
         });
         for (size_t i = 0; i < n; i++)
             gr::in_context("callable " + std::to_string(i), GR_EINVAL, [&] {
                 gr::Callable &cl = *cap->callables[i];
-                if (reuse[i]) {
-                    gr::apply(cl, *reuse[i]);
+                if (reused(i)) {
+                    gr::apply(cl, *known[i]);
                 } else {
                     if (o.num_warmup_iters == 0)
                         gr::probe(cl);
@@ -1021,7 +1020,7 @@ extern "C" int gr_capture_prepare(const char *device, size_t n, const gr_callabl
                     if (!keys.empty())
                         gr::warmup_memo().store(
                             keys[i],
-                            gr::learned_of(cl, !seen[i] && gr::warmup_skippable(specs[i], cl)));
+                            gr::learned_of(cl, !known[i] && gr::warmup_skippable(specs[i], cl)));
                 }
                 gr::build_layout(cl);
             });
