@@ -95,41 +95,33 @@ class _Buffered(nn.Module):
         return self.bn(self.lin(x))
 
 
-class _Drop(nn.Module):
+class _Lin(nn.Module):
+    """One Linear(8, 8); each subclass below is a forward around it."""
+
     def __init__(self):
         super().__init__()
         self.lin = nn.Linear(8, 8)
 
+
+class _Drop(_Lin):
     def forward(self, x):
         return nn.functional.dropout(self.lin(x), 0.5, True)
 
 
-class _WritesInput(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.lin = nn.Linear(8, 8)
-
+class _WritesInput(_Lin):
     def forward(self, x):
         x.mul_(2.0)
         return self.lin(x)
 
 
-class _WritesParam(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.lin = nn.Linear(8, 8)
-
+class _WritesParam(_Lin):
     def forward(self, x):
         with torch.no_grad():
             self.lin.bias.add_(1.0)
         return self.lin(x)
 
 
-class _Branches(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.lin = nn.Linear(8, 8)
-
+class _Branches(_Lin):
     def forward(self, x):
         if bool(x.sum() > 0):
             return self.lin(x)
