@@ -31,6 +31,11 @@ What is measured, per mode:
   parent's and the workers' readings compare). Aggregate steps/s = the sum of the workers' steps /
   (the last worker's end - the release). Mean step ms = the mean over workers of their own
   elapsed / steps.
+* --interleave R (steps/s only, no memory): every mode's N workers are started, captured and
+  warmed up first (each graphd mode with its own daemon), then R rounds of one timed window per
+  mode, the modes' order reversed every other round, while the other modes' workers wait idle.
+  A round's windows are seconds apart, so a host whose speed drifts over minutes moves both
+  figures of its ratio alike; each round prints its ratio to (a).
 * GPU memory: a parent thread samples the whole device's used memory (nvidia-smi
   --query-gpu=memory.used) and the per-process use (--query-compute-apps) every
   --sample-interval seconds. The figure is the peak of the device-wide number between "all
@@ -165,32 +170,34 @@ def worker(a):
     emit(event="ready", rank=a.rank, pid=os.getpid(), capture_ms=capture_ms, session=session,
          cuda_context=torch.cuda.is_initialized())  # (is_available() would itself init CUDA)
 
-    words = sys.stdin.readline().split()  # the barrier: "go <release time> <deadline or 0>"
-    if not words or words[0] != "go":
-        return 1
-    deadline = float(words[2])
-    steps = 0
     if a.phases:
         step = step_timed
-    t_start = now()
-    if deadline > 0:
-        while now() < deadline:
-            loss = step()
-            steps += 1
-    else:
-        for _ in range(a.steps):
-            loss = step()
-            steps += 1
-    sync()  # the steps are done on the device, not just queued
-    t_end = now()
-    last = float(loss.item()) if steps else float("nan")
-    emit(event="done", rank=a.rank, steps=steps, t_start=t_start, t_end=t_end,
-         elapsed=t_end - t_start, loss=last,
-         phase_us=[ns / 1e3 / max(steps, 1) for ns in phase_ns] if a.phases else None)
-    # Keep this process's memory until every worker is done, so the parent's samples between
-    # "all ready" and "all done" always see all N processes.
-    sys.stdin.readline()
-    return 0
+    # The barrier: "go <release time> <deadline or 0>" for each timed window (one, or one per
+    # round with --interleave), then "exit". Between windows and after the last, this process
+    # keeps its memory, so the parent's samples between "all ready" and "all done" always see
+    # all N processes.
+    while True:
+        words = sys.stdin.readline().split()
+        if not words or words[0] != "go":
+            return 0 if words[:1] == ["exit"] else 1  # EOF: the parent went away
+        deadline = float(words[2])
+        steps = 0
+        t_start = now()
+        if deadline > 0:
+            while now() < deadline:
+                loss = step()
+                steps += 1
+        else:
+            for _ in range(a.steps):
+                loss = step()
+                steps += 1
+        sync()  # the steps are done on the device, not just queued
+        t_end = now()
+        last = float(loss.item()) if steps else float("nan")
+        emit(event="done", rank=a.rank, steps=steps, t_start=t_start, t_end=t_end,
+             elapsed=t_end - t_start, loss=last,
+             phase_us=[ns / 1e3 / max(steps, 1) for ns in phase_ns] if a.phases else None)
+        phase_ns[:] = [0] * len(PHASES)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -431,77 +438,129 @@ class Workers:
             stop(p, grace=5)
 
 
-def run_mode(mode, a, tmp, reader, floor):
-    cuda = a.device == "cuda"
-    res = {"mode": mode, "label": MODES[mode][0 if cuda else 1]}
-    graphd_mode = mode in ("b", "c", "d")
-    daemon = client = None
-    workers = Workers()
-    sampler = None
-    pool_name = None
-    try:
-        if reader is not None:
-            res["baseline_mib"] = reader.settled(floor)
-        if graphd_mode:
+class ModeRun:
+    """One mode's fresh daemon (graphd modes), shared pool and N workers, captured and warmed up
+    (start), then one timed window or more (window), then its end (close)."""
+
+    def __init__(self, mode, a, tmp):
+        self.mode, self.a, self.tmp = mode, a, tmp
+        self.res = {"mode": mode, "label": MODES[mode][0 if a.device == "cuda" else 1]}
+        self.graphd_mode = mode in ("b", "c", "d")
+        self.daemon = self.client = self.pool_name = None
+        self.workers = Workers()
+
+    def start(self, before_workers=None):
+        """Starts everything the mode needs and waits until each worker reports ready; returns
+        their ready messages. before_workers() runs just before the workers start."""
+        a, mode, res = self.a, self.mode, self.res
+        cuda = a.device == "cuda"
+        if self.graphd_mode:
             import graphd
             if a.address:
                 address = a.address
             else:
-                daemon = Daemon(a.graphd, tmp, mode)
-                address = daemon.address
-            client = graphd.Client(address)
+                self.daemon = Daemon(a.graphd, self.tmp, mode)
+                address = self.daemon.address
+            self.client = graphd.Client(address)
             pool_dev = "cuda:0" if cuda else "cpu:0"
-            if pool_dev not in [d["id"] for d in client.devices()]:
+            if pool_dev not in [d["id"] for d in self.client.devices()]:
                 raise ModeFailed("graphd at %s has no %s device (for CUDA, build it with "
                                  "`make TORCH=python PYTHON=python3`)" % (address, pool_dev))
             if mode != "d":
                 # One pool for all N processes, made here; each worker joins it by name.
-                pool_name = "share-gpu-%d-%s" % (os.getpid(), mode)
-                client.create_pool(pool_name, pool_dev)
-            res.update(address=address, pool=pool_name, pool_device=pool_dev,
-                       daemon_pid=client.status()["daemon"].get("pid"))  # for attribution
+                self.pool_name = "share-gpu-%d-%s" % (os.getpid(), mode)
+                self.client.create_pool(self.pool_name, pool_dev)
+            res.update(address=address, pool=self.pool_name, pool_device=pool_dev,
+                       daemon_pid=self.client.status()["daemon"].get("pid"))  # attribution
         env = dict(os.environ, OMP_NUM_THREADS=str(a.threads))
-        if graphd_mode:
+        if self.graphd_mode:
             env["GRAPHD_ADDRESS"] = address
         cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", mode,
                "--device", a.device, "--batch", str(a.batch), "--width", str(a.width),
                "--depth", str(a.depth), "--steps", str(a.steps), "--warmup", str(a.warmup),
                "--threads", str(a.threads)] + (["--phases"] if a.phases else [])
-        if pool_name:
-            cmd += ["--pool", pool_name, "--pool-device", pool_dev]
+        if self.pool_name:
+            cmd += ["--pool", self.pool_name, "--pool-device", pool_dev]
+        if before_workers is not None:
+            before_workers()
+        for i in range(a.procs):
+            self.workers.start(cmd, env, self.tmp / ("worker-%s-%d.log" % (mode, i)))
+        return self.workers.collect("ready", a.timeout)
+
+    def pool_status(self):
+        pool = next((p for p in self.client.status()["pools"] if p["name"] == self.pool_name), {})
+        return {k: pool.get(k) for k in ("sessions", "graphs", "regions", "used_bytes",
+                                         "reserved_bytes")}
+
+    def window(self):
+        """One timed window: every worker released at once; (their done messages, the figures)."""
+        a = self.a
+        t_go = now()
+        self.workers.tell("go %.9f %.9f\n" % (t_go, t_go + a.seconds if a.seconds else 0.0))
+        done = self.workers.collect("done", a.timeout)
+        steps = sum(d["steps"] for d in done.values())
+        window = max(d["t_end"] for d in done.values()) - t_go
+        return done, dict(
+            steps=steps, window_s=window, steps_per_s=steps / window,
+            step_ms_mean=statistics.mean(d["elapsed"] / max(d["steps"], 1) * 1e3
+                                         for d in done.values()),
+            start_skew_ms=(max(d["t_start"] for d in done.values()) - t_go) * 1e3)
+
+    def finish(self):
+        """Lets the workers exit; a warning in the results where one failed."""
+        self.workers.tell("exit\n")
+        rcs = self.workers.finish()
+        if any(rcs):
+            self.res["warning"] = "worker exit codes %s" % rcs
+
+    def close(self):
+        a, res = self.a, self.res
+        self.workers.kill()
+        if self.client is not None:
+            if a.address and self.pool_name:  # an existing daemon: leave it as we found it
+                deadline = time.monotonic() + 10
+                while time.monotonic() < deadline:
+                    try:
+                        self.client.delete_pool(self.pool_name)
+                        break
+                    except Exception:  # noqa: BLE001 (sessions still closing; best effort)
+                        time.sleep(0.2)
+            self.client.close()
+        if self.daemon is not None:
+            rc = self.daemon.stop()
+            if rc:
+                res["warning"] = (res.get("warning", "") + " graphd exit status %s:\n%s" % (
+                    rc, tail(self.daemon.log))).strip()
+
+
+def run_mode(mode, a, tmp, reader, floor):
+    run = ModeRun(mode, a, tmp)
+    res = run.res
+    sampler = None
+
+    def start_sampler():
+        nonlocal sampler
         if reader is not None:
             sampler = Sampler(reader, a.sample_interval)
             sampler.start()
-        for i in range(a.procs):
-            workers.start(cmd, env, tmp / ("worker-%s-%d.log" % (mode, i)))
 
-        ready = workers.collect("ready", a.timeout)
+    try:
+        if reader is not None:
+            res["baseline_mib"] = reader.settled(floor)
+        ready = run.start(start_sampler)
         t_ready = now()
         if sampler is not None:
             try:
                 sampler.sample()  # at least one reading with all N captured and warmed up
             except Exception as e:  # noqa: BLE001 (the thread's readings may still do)
                 sampler.error = repr(e)
-        if graphd_mode:
-            pool = next((p for p in client.status()["pools"] if p["name"] == pool_name), {})
-            res["pool_status"] = {k: pool.get(k) for k in ("sessions", "graphs", "regions",
-                                                           "used_bytes", "reserved_bytes")}
-        t_go = now()
-        workers.tell("go %.9f %.9f\n" % (t_go, t_go + a.seconds if a.seconds else 0.0))
-        done = workers.collect("done", a.timeout)
+        if run.graphd_mode:
+            res["pool_status"] = run.pool_status()
+        done, figures = run.window()
         t_done = now()
-        workers.tell("exit\n")
-        rcs = workers.finish()
-        if any(rcs):
-            res["warning"] = "worker exit codes %s" % rcs
-
-        steps = sum(d["steps"] for d in done.values())
-        window = max(d["t_end"] for d in done.values()) - t_go
+        run.finish()
+        res.update(figures)
         res.update(
-            steps=steps, window_s=window, steps_per_s=steps / window,
-            step_ms_mean=statistics.mean(d["elapsed"] / max(d["steps"], 1) * 1e3
-                                         for d in done.values()),
-            start_skew_ms=(max(d["t_start"] for d in done.values()) - t_go) * 1e3,
             capture_ms_mean=statistics.mean(r["capture_ms"] for r in ready.values()),
             workers=[dict(ready[i], **{k: done[i][k] for k in ("steps", "elapsed", "loss",
                                                                "t_start", "t_end", "phase_us")})
@@ -533,22 +592,53 @@ def run_mode(mode, a, tmp, reader, floor):
     finally:
         if sampler is not None and sampler.is_alive():
             sampler.finish()
-        workers.kill()
-        if client is not None:
-            if a.address and pool_name:  # an existing daemon: leave it as we found it
-                deadline = time.monotonic() + 10
-                while time.monotonic() < deadline:
-                    try:
-                        client.delete_pool(pool_name)
-                        break
-                    except Exception:  # noqa: BLE001 (sessions still closing; best effort)
-                        time.sleep(0.2)
-            client.close()
-        if daemon is not None:
-            rc = daemon.stop()
-            if rc:
-                res["warning"] = (res.get("warning", "") + " graphd exit status %s:\n%s" % (
-                    rc, tail(daemon.log))).strip()
+        run.close()
+
+
+def run_interleaved(a, tmp):
+    """--interleave R: every mode's N workers started, captured and warmed up first (each mode
+    with its own daemon), then R rounds of one timed window per mode, the modes' order reversed
+    every other round, while the other modes' workers wait idle (blocked on their stdin). The
+    modes' windows of one round are seconds apart, so a host whose speed drifts over a run
+    (docs/BENCHMARKS.md) moves both figures of a ratio alike. Returns the rounds."""
+    runs = [ModeRun(m, a, tmp) for m in a.modes]
+    rounds = []
+    try:
+        for run in runs:
+            print("share_gpu: starting mode (%s) ..." % run.mode, file=sys.stderr, flush=True)
+            ready = run.start()
+            run.res["capture_ms_mean"] = statistics.mean(r["capture_ms"] for r in ready.values())
+        for r in range(a.interleave):
+            order = runs if r % 2 == 0 else runs[::-1]
+            row = {"round": r + 1, "order": [run.mode for run in order]}
+            for run in order:
+                row[run.mode] = run.window()[1]
+            rounds.append(row)
+        for run in runs:
+            run.finish()
+    finally:
+        for run in runs:
+            run.close()
+    return rounds, [run.res for run in runs]
+
+
+def report_interleaved(a, rounds, results):
+    print("share_gpu: %d processes per mode, MLP (batch %d, width %d, depth %d), %d interleaved "
+          "rounds of one %g s window per mode, %d CPU threads each" % (
+              a.procs, a.batch, a.width, a.depth, a.interleave, a.seconds, a.threads))
+    for res in results:
+        print("(%s) %s: capture %.1f ms (mean)%s" % (res["mode"], res["label"],
+                                                     res["capture_ms_mean"],
+                                                     "; " + res["warning"] if "warning" in res
+                                                     else ""))
+    ref = "a" if "a" in a.modes else a.modes[0]  # in-process, what the ratios are against
+    for row in rounds:
+        print("round %d (%s): %s" % (row["round"], ",".join(row["order"]), "; ".join(
+            "(%s) %.0f steps/s, %.3f ms a step" % (m, row[m]["steps_per_s"],
+                                                   row[m]["step_ms_mean"])
+            for m in a.modes)) + "".join(
+            "; (%s)/(%s) %.3f" % (m, ref, row[m]["steps_per_s"] / row[ref]["steps_per_s"])
+            for m in a.modes if m != ref))
 
 
 def environment(a, python):
@@ -695,13 +785,22 @@ def parent(a):
         sys.exit("share_gpu: no %s: build it first (make -j all; on the GPU machine make "
                  "TORCH=python PYTHON=python3 all), or pass --graphd / --address" % a.graphd)
 
-    reader = MemReader(python) if a.device == "cuda" else None
+    reader = MemReader(python) if a.device == "cuda" and not a.interleave else None
     tmp = Path(tempfile.mkdtemp(prefix="share_gpu-"))
     results = []
     failed = False
     try:
         floor = statistics.median(reader.read()[0] for _ in range(3)) if reader else None
-        for mode in a.modes:
+        if a.interleave:
+            try:
+                rounds, results = run_interleaved(a, tmp)
+            except Exception as e:  # noqa: BLE001 (reported, with where)
+                failed = True
+                rounds, results = [], [{"error": "%s: %s" % (type(e).__name__, e),
+                                        "traceback": traceback.format_exc()}]
+                print("share_gpu: interleaved run failed: %s" % results[0]["traceback"],
+                      file=sys.stderr)
+        for mode in a.modes if not a.interleave else ():
             print("share_gpu: mode (%s) ..." % mode, file=sys.stderr, flush=True)
             try:
                 results.append(run_mode(mode, a, tmp, reader, floor))
@@ -718,7 +817,11 @@ def parent(a):
     finally:
         if reader is not None:
             reader.close()
-    ratios = report(a, env, results, reader.source if reader else "n/a")
+    if a.interleave:
+        report_interleaved(a, rounds, results)
+        ratios = []
+    else:
+        ratios = report(a, env, results, reader.source if reader else "n/a")
     if a.json:
         doc = {"config": {k: (str(v) if isinstance(v, Path) else v)
                           for k, v in vars(a).items() if k not in ("worker", "rank")},
@@ -726,6 +829,8 @@ def parent(a):
                "results": results,
                "ratios": [{"name": n, "value": v, "target": t, "met": m}
                           for n, v, t, m in ratios]}
+        if a.interleave:
+            doc["rounds"] = rounds
         text = json.dumps(doc, indent=2)
         if a.json == "-":
             print(text)
@@ -761,6 +866,10 @@ def main():
     ap.add_argument("--sample-interval", type=float, default=0.2, help="seconds between reads")
     ap.add_argument("--timeout", type=float, default=600,
                     help="seconds to wait for all workers to be ready, and again to be done")
+    ap.add_argument("--interleave", type=int, default=0, metavar="ROUNDS",
+                    help="start every mode's workers first, then ROUNDS rounds of one timed "
+                    "window per mode, the order reversed every other round (no memory "
+                    "figures); for steps/s ratios on a host whose speed drifts")
     ap.add_argument("--phases", action="store_true",
                     help="workers also time each phase of the step on the host (zero_grad, "
                     "forward, loss, backward, optimizer) and the report gives their means")

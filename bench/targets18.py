@@ -6,7 +6,11 @@ first in the next), and every throughput or latency figure from timed windows of
 --window seconds (default 3); each ratio is printed as min-max over the rounds, with its target:
 
 1. Aggregate steps/s, 8 processes, MLP (64, 512, 8): graphd device-resident / in-process
-   (bench/share_gpu.py --modes a,c or c,a --seconds WINDOW, a fresh daemon per round): >= 1.0.
+   (bench/share_gpu.py --modes c,a --interleave 3 --seconds WINDOW: both modes' 8 processes
+   started and warmed up first, then 3 rounds of one window per mode, the order reversed every
+   other round, so that each round's two windows are seconds apart on a host whose speed drifts
+   by a quarter within minutes; --t1-sequential: as before, a share_gpu run per round with
+   fresh processes and daemon, modes c,a or a,c): >= 1.0.
 2. One process, device-resident step / in-process graphed step at (64, 512, 8) and
    (64, 1024, 16) (a fresh daemon; each round times both for WINDOW s each): <= 1.05.
 3. Replay round trip of a trivial graph (x * 2 on float32[4]): graphd posted replay + stream
@@ -261,6 +265,35 @@ def row_text(a, label, values, target, ok):
 
 
 def target1(a):
+    if a.t1_sequential:
+        return target1_sequential(a)
+    shape = SHAPES[0] if a.device == "cuda" else SMOKE_SHAPE
+    b, w, d = shape.split(",")
+    out = a.tmp / "share-interleaved.json"
+    cmd = [sys.executable, str(BENCH / "share_gpu.py"), "--procs", str(a.procs),
+           "--modes", "c,a", "--interleave", str(ROUNDS), "--seconds", str(a.window),
+           "--graphd", str(a.graphd), "--device", a.device, "--batch", b, "--width", w,
+           "--depth", d, "--json", str(out)]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    if p.returncode != 0 or not out.exists():
+        raise RuntimeError("share_gpu --interleave failed:\n%s" % (p.stdout + p.stderr)[-3000:])
+    ratios, rounds = [], []
+    for row in json.loads(out.read_text())["rounds"]:
+        ga, gc = row["a"], row["c"]
+        ratios.append(gc["steps_per_s"] / ga["steps_per_s"])
+        rounds.append({"order": ",".join(row["order"]), "ratio": ratios[-1],
+                       "a_steps_per_s": ga["steps_per_s"], "c_steps_per_s": gc["steps_per_s"],
+                       "a_step_ms": ga["step_ms_mean"], "c_step_ms": gc["step_ms_mean"],
+                       "window_s": [ga["window_s"], gc["window_s"]]})
+        print("  round %d (%s): graphd %.0f steps/s (%.3f ms a step per process), in-process "
+              "%.0f steps/s (%.3f ms)" % (row["round"], rounds[-1]["order"], gc["steps_per_s"],
+                                          gc["step_ms_mean"], ga["steps_per_s"],
+                                          ga["step_ms_mean"]), flush=True)
+    return [("aggregate steps/s graphd/in-process, %d procs (%s)" % (a.procs, shape), ratios,
+             ">= 1.0", lambda v: v >= 1.0)], rounds
+
+
+def target1_sequential(a):
     ratios, rounds = [], []
     shape = SHAPES[0] if a.device == "cuda" else SMOKE_SHAPE
     b, w, d = shape.split(",")
@@ -390,6 +423,10 @@ def main():
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--window", type=float, default=3.0, help="seconds per timed window")
     ap.add_argument("--procs", type=int, default=8, help="processes for target 1")
+    ap.add_argument("--t1-sequential", action="store_true",
+                    help="target 1 as before: each round a share_gpu run of its own (fresh "
+                    "processes and daemon, the modes one after the other) instead of one "
+                    "interleaved run")
     ap.add_argument("--targets", default="1,2,3,4", help="comma-separated subset of 1,2,3,4")
     ap.add_argument("--graphd", type=Path, default=REPO / "build" / "graphd")
     ap.add_argument("--json", metavar="PATH", help="also write the figures as JSON to PATH")
