@@ -12,7 +12,8 @@ first in the next), and every throughput or latency figure from timed windows of
    by a quarter within minutes; --t1-sequential: as before, a share_gpu run per round with
    fresh processes and daemon, modes c,a or a,c): >= 1.0.
 2. One process, device-resident step / in-process graphed step at (64, 512, 8) and
-   (64, 1024, 16) (a fresh daemon; each round times both for WINDOW s each): <= 1.05.
+   (64, 1024, 16) (a fresh daemon; each round times both for WINDOW s each, in slices of
+   0.5 s that alternate between the two, ABBA...): <= 1.05.
 3. Replay round trip of a trivial graph (x * 2 on float32[4]): graphd posted replay + stream
    synchronize against in-process CUDAGraph.replay() + synchronize, p50 difference (<= +10 us)
    and graphd p99 (<= 40 us), from WINDOW s of calls per mode and round.
@@ -45,6 +46,7 @@ TAG = "targets18:"
 ROUNDS = 3
 SHAPES = ("64,512,8", "64,1024,16")  # MLP (batch, width, depth) of targets 1, 2 (both), 4
 SMOKE_SHAPE = "16,64,2"  # --device cpu: every target on this small MLP
+SLICE_S = 0.5  # target 2: each mode's window is timed in slices of this, alternating the modes
 
 
 def emit(**msg):
@@ -60,11 +62,9 @@ def kit(a):
     return "cpu", (lambda: None), (lambda model, args: model)
 
 
-def window_of(fn, seconds, sync):
-    """Calls fn() for at least `seconds` (after 20 untimed calls); ms per call."""
-    for _ in range(20):
-        fn()
-    sync()
+def timed(fn, seconds, sync):
+    """Calls fn() in batches of 50, each ended by sync(), for at least `seconds`: (seconds
+    taken, calls)."""
     n = 0
     t0 = time.perf_counter()
     while True:
@@ -73,8 +73,7 @@ def window_of(fn, seconds, sync):
         n += 50
         sync()
         if time.perf_counter() - t0 >= seconds:
-            break
-    return (time.perf_counter() - t0) / n * 1e3
+            return time.perf_counter() - t0, n
 
 
 # ---- parts (each in a process of its own) --------------------------------------------------
@@ -110,8 +109,22 @@ def part_step(a):
     order = [("graphd", resident), ("inproc", graphed)]
     if a.round % 2:
         order.reverse()
-    out = {name: window_of(fn, a.window, sync) for name, fn in order}
-    emit(part="step", shape=a.shape, round=a.round, **out)
+    # Each mode's window of a.window seconds is timed in slices of about SLICE_S that alternate
+    # between the modes (ABBA...): one 3 s window after the other moved by up to 10% with the
+    # host's speed (twentieth session), more than the target's margin.
+    for _, fn in order:
+        for _ in range(20):
+            fn()
+    sync()
+    slices = max(1, round(a.window / SLICE_S))
+    spent = {name: [0.0, 0] for name, _ in order}
+    for k in range(slices):
+        for name, fn in order if k % 2 == 0 else order[::-1]:
+            t, n = timed(fn, a.window / slices, sync)
+            spent[name][0] += t
+            spent[name][1] += n
+    emit(part="step", shape=a.shape, round=a.round, slices=slices,
+         **{name: t / n * 1e3 for name, (t, n) in spent.items()})
 
 
 def part_replay(a):
