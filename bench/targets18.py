@@ -25,8 +25,9 @@ first in the next), and every throughput or latency figure from timed windows of
 Usage (repository root, build/graphd built with TORCH=python):
   PYTHONPATH=client/python python3 bench/targets18.py [--window 3] [--json out.json]
   MPS=1 bench/run_gpu.sh OUTDIR build targets      (the same, under MPS, output in OUTDIR)
-It takes about 5-7 minutes on an H200. Parts run as this script again (--part ...) in fresh
-processes, each against a fresh daemon unless said otherwise.
+It takes about 4-6 minutes (on an H100 in the twentieth session, target 1 took 43 s and target 2
+85 s). Parts run as this script again (--part ...) in fresh processes, each against a fresh
+daemon unless said otherwise.
 
 --device cpu is a smoke run of the same plumbing on a machine without a GPU (e.g.
 --device cpu --window 0.2 --procs 2): graphd's CPU graphs against the eager model, which
