@@ -15,7 +15,7 @@
 # Steps (default: all, in this order): build tests train replay capture share; also profile
 # (bench/step_profile.py), probe (bench/ordering_probe.py), ddp (bench/ddp_gpu.py: issue 17's
 # DDP parity on one GPU), targets (bench/targets18.py: issue 18's four targets as ratios,
-# about 6 minutes) and shareprof (bench/share_profile.py: benchmark 3's mode (c) by hardware
+# about 4-6 minutes) and shareprof (bench/share_profile.py: benchmark 3's mode (c) by hardware
 # queues and polling, with the executor's threads and replays sampled; SHAREPROF_ARGS adds
 # arguments, e.g. "--rounds 3"). Each runs under a time limit
 # (timeout(1)); a step that fails does not stop the later ones, except the build.
