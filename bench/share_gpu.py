@@ -622,11 +622,24 @@ def run_interleaved(a, tmp):
     return rounds, [run.res for run in runs]
 
 
+def failure(e, mode, label):
+    """A mode's (or the interleaved run's) result when it failed: what, and for an unexpected
+    exception also where, in the JSON too."""
+    r = {"mode": mode, "label": label, "error": str(e)}
+    if not isinstance(e, ModeFailed):
+        r["error"] = "%s: %s" % (type(e).__name__, e)
+        r["traceback"] = traceback.format_exc()
+    return r
+
+
 def report_interleaved(a, rounds, results):
     print("share_gpu: %d processes per mode, MLP (batch %d, width %d, depth %d), %d interleaved "
           "rounds of one %g s window per mode, %d CPU threads each" % (
               a.procs, a.batch, a.width, a.depth, a.interleave, a.seconds, a.threads))
     for res in results:
+        if "error" in res:
+            print("(%s) %s FAILED: %s" % (res["mode"], res["label"], res["error"]))
+            continue
         print("(%s) %s: capture %.1f ms (mean)%s" % (res["mode"], res["label"],
                                                      res["capture_ms_mean"],
                                                      "; " + res["warning"] if "warning" in res
@@ -796,21 +809,15 @@ def parent(a):
                 rounds, results = run_interleaved(a, tmp)
             except Exception as e:  # noqa: BLE001 (reported, with where)
                 failed = True
-                rounds, results = [], [{"error": "%s: %s" % (type(e).__name__, e),
-                                        "traceback": traceback.format_exc()}]
-                print("share_gpu: interleaved run failed: %s" % results[0]["traceback"],
-                      file=sys.stderr)
-        for mode in a.modes if not a.interleave else ():
-            print("share_gpu: mode (%s) ..." % mode, file=sys.stderr, flush=True)
-            try:
-                results.append(run_mode(mode, a, tmp, reader, floor))
-            except Exception as e:  # noqa: BLE001 (one mode failing still reports the others)
-                failed = True
-                r = {"mode": mode, "label": MODES[mode][a.device != "cuda"], "error": str(e)}
-                if not isinstance(e, ModeFailed):  # unexpected: say where, in the JSON too
-                    r["error"] = "%s: %s" % (type(e).__name__, e)
-                    r["traceback"] = traceback.format_exc()
-                results.append(r)
+                rounds, results = [], [failure(e, "interleaved", "every mode at once")]
+        else:
+            for mode in a.modes:
+                print("share_gpu: mode (%s) ..." % mode, file=sys.stderr, flush=True)
+                try:
+                    results.append(run_mode(mode, a, tmp, reader, floor))
+                except Exception as e:  # noqa: BLE001 (one mode failing still reports the others)
+                    failed = True
+                    results.append(failure(e, mode, MODES[mode][a.device != "cuda"]))
     except KeyboardInterrupt:
         shutil.rmtree(tmp, ignore_errors=True)  # interrupted on purpose: no logs worth keeping
         raise

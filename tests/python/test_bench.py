@@ -31,3 +31,18 @@ def test_share_gpu_interleaves_the_modes_windows_in_one_set_of_processes(tmp_pat
             assert r[mode]["steps_per_s"] > 0
     assert not any("warning" in res for res in doc["results"]), doc["results"]
     assert "round 3 (c,a)" in p.stdout and "(c)/(a)" in p.stdout, p.stdout
+
+
+def test_an_interleaved_run_that_fails_says_why_and_exits_1(tmp_path):
+    out = tmp_path / "share.json"
+    p = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "share_gpu.py"), "--device", "cpu", "--procs", "1",
+         "--steps", "1", "--modes", "c,a", "--interleave", "1",
+         "--address", "unix:%s" % (tmp_path / "no-daemon.sock"), "--json", str(out)],
+        capture_output=True, text=True, timeout=120,
+        env=dict(os.environ, TMPDIR=str(tmp_path)))  # where it keeps a failed run's logs
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert "FAILED" in p.stdout and "no-daemon.sock" in p.stdout, p.stdout + p.stderr
+    assert "Traceback" not in p.stderr, p.stderr
+    doc = json.loads(out.read_text())
+    assert doc["rounds"] == [] and "error" in doc["results"][0]
