@@ -278,67 +278,50 @@ def row_text(a, label, values, target, ok):
         label, lo, hi, target, {True: "met", False: "MISSED", None: "-"}[judged(a, ok, values)])
 
 
-def target1(a):
-    if a.t1_sequential:
-        return target1_sequential(a)
-    shape = SHAPES[0] if a.device == "cuda" else SMOKE_SHAPE
+def t1_round(number, order, ga, gc):
+    """One round of target 1 from share_gpu's figures for (a) and (c): its record, printed with
+    both figures (the in-process reference moves between rounds on a shared host, by a quarter
+    within one call in the nineteenth session, which the ratio alone hides)."""
+    r = {"order": order, "ratio": gc["steps_per_s"] / ga["steps_per_s"],
+         "a_steps_per_s": ga["steps_per_s"], "c_steps_per_s": gc["steps_per_s"],
+         "a_step_ms": ga["step_ms_mean"], "c_step_ms": gc["step_ms_mean"],
+         "window_s": [ga["window_s"], gc["window_s"]]}
+    print("  round %d (%s): graphd %.0f steps/s (%.3f ms a step per process), in-process "
+          "%.0f steps/s (%.3f ms)" % (number, order, gc["steps_per_s"], gc["step_ms_mean"],
+                                      ga["steps_per_s"], ga["step_ms_mean"]), flush=True)
+    return r
+
+
+def share_gpu(a, shape, modes, out, more=(), timeout=600):
+    """bench/share_gpu.py's JSON for target 1's shape and modes."""
     b, w, d = shape.split(",")
-    out = a.tmp / "share-interleaved.json"
     cmd = [sys.executable, str(BENCH / "share_gpu.py"), "--procs", str(a.procs),
-           "--modes", "c,a", "--interleave", str(ROUNDS), "--seconds", str(a.window),
-           "--graphd", str(a.graphd), "--device", a.device, "--batch", b, "--width", w,
-           "--depth", d, "--json", str(out)]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+           "--modes", modes, "--seconds", str(a.window), "--graphd", str(a.graphd),
+           "--device", a.device, "--batch", b, "--width", w, "--depth", d,
+           "--json", str(out)] + list(more)
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     if p.returncode != 0 or not out.exists():
-        raise RuntimeError("share_gpu --interleave failed:\n%s" % (p.stdout + p.stderr)[-3000:])
-    ratios, rounds = [], []
-    for row in json.loads(out.read_text())["rounds"]:
-        ga, gc = row["a"], row["c"]
-        ratios.append(gc["steps_per_s"] / ga["steps_per_s"])
-        rounds.append({"order": ",".join(row["order"]), "ratio": ratios[-1],
-                       "a_steps_per_s": ga["steps_per_s"], "c_steps_per_s": gc["steps_per_s"],
-                       "a_step_ms": ga["step_ms_mean"], "c_step_ms": gc["step_ms_mean"],
-                       "window_s": [ga["window_s"], gc["window_s"]]})
-        print("  round %d (%s): graphd %.0f steps/s (%.3f ms a step per process), in-process "
-              "%.0f steps/s (%.3f ms)" % (row["round"], rounds[-1]["order"], gc["steps_per_s"],
-                                          gc["step_ms_mean"], ga["steps_per_s"],
-                                          ga["step_ms_mean"]), flush=True)
-    return [("aggregate steps/s graphd/in-process, %d procs (%s)" % (a.procs, shape), ratios,
-             ">= 1.0", lambda v: v >= 1.0)], rounds
+        raise RuntimeError("share_gpu %s failed:\n%s" % (" ".join(more) or modes,
+                                                          (p.stdout + p.stderr)[-3000:]))
+    return json.loads(out.read_text())
 
 
-def target1_sequential(a):
-    ratios, rounds = [], []
+def target1(a):
     shape = SHAPES[0] if a.device == "cuda" else SMOKE_SHAPE
-    b, w, d = shape.split(",")
-    for r in range(ROUNDS):
-        modes = "c,a" if r % 2 == 0 else "a,c"
-        out = a.tmp / ("share-%d.json" % r)
-        cmd = [sys.executable, str(BENCH / "share_gpu.py"), "--procs", str(a.procs),
-               "--modes", modes, "--seconds", str(a.window), "--graphd", str(a.graphd),
-               "--device", a.device, "--batch", b, "--width", w, "--depth", d,
-               "--json", str(out)]
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-        if p.returncode != 0 or not out.exists():
-            raise RuntimeError("share_gpu round %d failed:\n%s" % (
-                r, (p.stdout + p.stderr)[-3000:]))
-        doc = json.loads(out.read_text())
-        by = {x["mode"]: x for x in doc["results"]}
-        ratio = by["c"]["steps_per_s"] / by["a"]["steps_per_s"]
-        ratios.append(ratio)
-        rounds.append({"order": modes, "ratio": ratio,
-                       "a_steps_per_s": by["a"]["steps_per_s"],
-                       "c_steps_per_s": by["c"]["steps_per_s"],
-                       "a_step_ms": by["a"]["step_ms_mean"], "c_step_ms": by["c"]["step_ms_mean"],
-                       "window_s": [by["a"]["window_s"], by["c"]["window_s"]]})
-        # Each round's two figures: the in-process reference moves between rounds on a shared
-        # host (by a quarter within one call in the nineteenth session), which the ratio hides.
-        print("  round %d (%s): graphd %.0f steps/s (%.3f ms a step per process), in-process "
-              "%.0f steps/s (%.3f ms)" % (r + 1, modes, by["c"]["steps_per_s"],
-                                          by["c"]["step_ms_mean"], by["a"]["steps_per_s"],
-                                          by["a"]["step_ms_mean"]), flush=True)
-    return [("aggregate steps/s graphd/in-process, %d procs (%s)" % (a.procs, shape), ratios,
-             ">= 1.0", lambda v: v >= 1.0)], rounds
+    rounds = []
+    if a.t1_sequential:  # a share_gpu run per round: fresh processes and daemon
+        for r in range(ROUNDS):
+            modes = "c,a" if r % 2 == 0 else "a,c"
+            doc = share_gpu(a, shape, modes, a.tmp / ("share-%d.json" % r))
+            by = {x["mode"]: x for x in doc["results"]}
+            rounds.append(t1_round(r + 1, modes, by["a"], by["c"]))
+    else:
+        doc = share_gpu(a, shape, "c,a", a.tmp / "share-interleaved.json",
+                        ("--interleave", str(ROUNDS)), timeout=900)
+        for row in doc["rounds"]:
+            rounds.append(t1_round(row["round"], ",".join(row["order"]), row["a"], row["c"]))
+    return [("aggregate steps/s graphd/in-process, %d procs (%s)" % (a.procs, shape),
+             [r["ratio"] for r in rounds], ">= 1.0", lambda v: v >= 1.0)], rounds
 
 
 def target2(a):
