@@ -485,7 +485,9 @@ class ModeRun:
             before_workers()
         for i in range(a.procs):
             self.workers.start(cmd, env, self.tmp / ("worker-%s-%d.log" % (mode, i)))
-        return self.workers.collect("ready", a.timeout)
+        ready = self.workers.collect("ready", a.timeout)
+        res["capture_ms_mean"] = statistics.mean(r["capture_ms"] for r in ready.values())
+        return ready
 
     def pool_status(self):
         pool = next((p for p in self.client.status()["pools"] if p["name"] == self.pool_name), {})
@@ -560,11 +562,10 @@ def run_mode(mode, a, tmp, reader, floor):
         t_done = now()
         run.finish()
         res.update(figures)
-        res.update(
-            capture_ms_mean=statistics.mean(r["capture_ms"] for r in ready.values()),
-            workers=[dict(ready[i], **{k: done[i][k] for k in ("steps", "elapsed", "loss",
-                                                               "t_start", "t_end", "phase_us")})
-                     for i in range(a.procs)])
+        res["workers"] = [dict(ready[i], **{k: done[i][k] for k in ("steps", "elapsed", "loss",
+                                                                    "t_start", "t_end",
+                                                                    "phase_us")})
+                          for i in range(a.procs)]
         if a.phases:
             res["phase_us_mean"] = [statistics.mean(d["phase_us"][k] for d in done.values())
                                     for k in range(len(PHASES))]
@@ -606,8 +607,7 @@ def run_interleaved(a, tmp):
     try:
         for run in runs:
             print("share_gpu: starting mode (%s) ..." % run.mode, file=sys.stderr, flush=True)
-            ready = run.start()
-            run.res["capture_ms_mean"] = statistics.mean(r["capture_ms"] for r in ready.values())
+            run.start()
         for r in range(a.interleave):
             order = runs if r % 2 == 0 else runs[::-1]
             row = {"round": r + 1, "order": [run.mode for run in order]}
