@@ -119,12 +119,15 @@ def part_step(a):
     sync()
     slices = max(1, round(a.window / SLICE_S))
     spent = {name: [0.0, 0] for name, _ in order}
+    per_slice = {name: [] for name, _ in order}  # ms a step in each slice: the noise within
     for k in range(slices):
         for name, fn in order if k % 2 == 0 else order[::-1]:
             t, n = timed(fn, a.window / slices, sync)
             spent[name][0] += t
             spent[name][1] += n
+            per_slice[name].append(t / n * 1e3)
     emit(part="step", shape=a.shape, round=a.round, slices=slices,
+         slice_ratios=[g / i for g, i in zip(per_slice["graphd"], per_slice["inproc"])],
          **{name: t / n * 1e3 for name, (t, n) in spent.items()})
 
 
@@ -333,6 +336,10 @@ def target2(a):
                 m = run_part(a, ["--part", "step", "--shape", shape, "--round", str(r)], fd.env)
                 ratios.append(m["graphd"] / m["inproc"])
                 rounds.append(m)
+                lo, hi = span(m["slice_ratios"])
+                print("targets18: target 2 (%s) round %d: %.3f, its %d slice pairs %.3f - %.3f"
+                      % (shape, r + 1, ratios[-1], len(m["slice_ratios"]), lo, hi),
+                      file=sys.stderr, flush=True)
         rows.append(("single-process step graphd/in-process (%s)" % shape, ratios, "<= 1.05",
                      lambda v: v <= 1.05))
     return rows, rounds
