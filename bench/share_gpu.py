@@ -601,7 +601,8 @@ def run_interleaved(a, tmp):
     with its own daemon), then R rounds of one timed window per mode, the modes' order reversed
     every other round, while the other modes' workers wait idle (blocked on their stdin). The
     modes' windows of one round are seconds apart, so a host whose speed drifts over a run
-    (docs/BENCHMARKS.md) moves both figures of a ratio alike. Returns the rounds."""
+    (docs/BENCHMARKS.md) moves both figures of a ratio alike. Returns (the rounds, each mode's
+    result)."""
     runs = [ModeRun(m, a, tmp) for m in a.modes]
     rounds = []
     try:
