@@ -7,8 +7,9 @@ graph and writes "done = n", and the client's stream waits for that before its n
 In-process make_graphed_callables has neither: the copy and the graph run on one stream.
 
 This probe times that chain with nothing else in it: a tiny kernel on each side (the copy, the
-graph), K round trips queued on both streams first and released at once by a gate, so the time
-between two CUDA events on the client's stream is the device's alone (no host in it). Rows:
+graph), K round trips queued on both streams behind a kernel that holds the client's stream for
+20 ms (HOLD_NS) and then released at once, so the time between two CUDA events on the client's
+stream is the device's alone (no host in it). Rows:
 - one stream: both kernels on one stream (in-process replay's shape);
 - two streams, events: the same process, cudaStreamWaitEvent each way;
 - two streams / two processes, value ops: cuStreamWaitValue64 (GEQ) and cuStreamWriteValue64,
@@ -24,7 +25,6 @@ import ctypes
 import faulthandler
 import statistics
 import sys
-import threading
 import time
 
 import torch
@@ -57,8 +57,28 @@ $Lloop:
 $Ldone:
     ret;
 }
+
+// Holds its stream for p_ns of the GPU's global timer: the rep's launches queue behind it.
+.visible .entry probe_hold(.param .u64 p_ns)
+{
+    .reg .pred %p<2>;
+    .reg .b64 %rd<5>;
+    ld.param.u64 %rd1, [p_ns];
+    mov.u64 %rd2, %globaltimer;
+    add.u64 %rd3, %rd2, %rd1;
+$Lhold:
+    mov.u64 %rd4, %globaltimer;
+    setp.lt.u64 %p1, %rd4, %rd3;
+    @%p1 bra $Lhold;
+    ret;
+}
 """
 SPIN_LIMIT_NS = 200_000_000
+# How long the hold kernel keeps the client's stream shut while the host queues a rep. It opens
+# by itself on the device: the first version's gate was opened by the host after queuing, and a
+# host blocked in a launch by a full queue never opened it; the second version's gate was opened
+# by a timer thread, which needs the GIL, and torch calls that block in a launch may hold it.
+HOLD_NS = 20_000_000
 
 
 class Driver:
@@ -82,11 +102,13 @@ class Driver:
         self.launch = self.lib.cuLaunchKernel
         self.launch.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [
             ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p]
-        module, fn = ctypes.c_void_p(), ctypes.c_void_p()
+        module, fn, hold = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_void_p()
         self.ok(self.lib.cuModuleLoadData(ctypes.byref(module), SPIN_PTX), "cuModuleLoadData")
         self.ok(self.lib.cuModuleGetFunction(ctypes.byref(fn), module, b"probe_spin_geq"),
                 "cuModuleGetFunction")
-        self.fn = fn
+        self.ok(self.lib.cuModuleGetFunction(ctypes.byref(hold), module, b"probe_hold"),
+                "cuModuleGetFunction")
+        self.fn, self.hold_fn = fn, hold
 
     @staticmethod
     def ok(rc, what):
@@ -106,12 +128,19 @@ class Driver:
         params = (ctypes.c_void_p * 4)(*[ctypes.addressof(a) for a in args])
         self.ok(self.launch(self.fn, 1, 1, 1, 1, 1, 1, 0, s, params, None), "cuLaunchKernel")
 
+    def hold(self, stream, ns):
+        """Queues the hold kernel: stream runs nothing else for ns of the GPU's timer."""
+        arg = ctypes.c_uint64(ns)
+        params = (ctypes.c_void_p * 1)(ctypes.addressof(arg))
+        self.ok(self.launch(self.hold_fn, 1, 1, 1, 1, 1, 1, 0, ctypes.c_void_p(stream.cuda_stream),
+                            params, None), "cuLaunchKernel")
+
     def write_value(self, stream, addr, value):
         self.ok(self.write(ctypes.c_void_p(stream.cuda_stream), addr, value, 0),
                 "cuStreamWriteValue64")
 
 
-READY, DONE, GATE, TIMEOUTS = 0, 8, 16, 24  # byte offsets of the words of the flags
+READY, DONE, TIMEOUTS = 0, 8, 24  # byte offsets of the words of the flags
 
 
 def executor_side(drv, stream, base, first, k, spin, work):
@@ -150,37 +179,32 @@ class Probe:
         self.drv = Driver()
         self.client = torch.cuda.Stream()
         self.executor = torch.cuda.Stream()
-        self.gate = torch.cuda.Stream()
         self.flags = torch.zeros(4, dtype=torch.int64, device="cuda:0")
         self.base = self.flags.data_ptr()
         self.x = torch.zeros(16, device="cuda:0")
         self.y = torch.zeros(16, device="cuda:0")
         self.n = 0  # the counters' last value: they only grow, across rows and reps
-        self.g = 0  # the gate's
-        self.filled = 0  # reps whose gate opened before all of their launches were queued
+        self.filled = 0  # reps whose hold ended before all of their launches were queued
         torch.cuda.synchronize()
 
-    def gated(self, body, before_release=None):
-        """Runs body(first) for one rep, gated; returns device µs per round trip."""
+    def held(self, body, before_release=None):
+        """Runs body(first) for one rep behind the hold kernel; returns device µs per round
+        trip."""
         first = self.n + 1
-        self.g += 1
         ev0, ev1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        # The gate opens 20 ms after queuing began, from a thread of its own: a stream's queue can
-        # hold fewer launches than a rep (under MPS the first session saw the host block in a
-        # launch with the gate still shut), and then the rep counts as one whose queue filled.
-        gate = threading.Timer(0.02, self.drv.write_value, (self.gate, self.base + GATE, self.g))
+        # A stream's queue can hold fewer launches than a rep (under MPS the nineteenth session saw
+        # the host block in a launch): if queuing outlasts the hold, the device waited for the
+        # host, and the rep counts as one whose queue filled.
         t0 = time.monotonic()
         with torch.cuda.stream(self.client):
-            self.drv.wait_geq(self.client, self.base + GATE, self.g, False)
+            self.drv.hold(self.client, HOLD_NS)
             ev0.record(self.client)
-            gate.start()
             body(first)
             ev1.record(self.client)
         if before_release is not None:
             before_release()
-        if time.monotonic() - t0 >= 0.02:
+        if time.monotonic() - t0 >= HOLD_NS / 1e9:
             self.filled += 1
-        gate.join()
         ev1.synchronize()
         self.n = first + self.k - 1
         return ev0.elapsed_time(ev1) * 1e3 / self.k
@@ -188,12 +212,12 @@ class Probe:
     def row(self, body, before_release=None, after=None):
         times = []
         for _ in range(self.reps):
-            times.append(self.gated(body, before_release))
+            times.append(self.held(body, before_release))
             if after is not None:
                 after()
         torch.cuda.synchronize()
         if self.filled:
-            print("  (%d of %d reps: the host was still queuing when the gate opened, so the "
+            print("  (%d of %d reps: the host was still queuing when the hold ended, so the "
                   "device waited for launches: not device-bound figures; lower --round-trips)"
                   % (self.filled, self.reps), flush=True)
             self.filled = 0
@@ -241,8 +265,8 @@ class Rows:
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--round-trips", type=int, default=100,
-                    help="round trips queued per gated rep (default 100)")
-    ap.add_argument("--reps", type=int, default=20, help="gated reps per row (default 20)")
+                    help="round trips queued per held rep (default 100)")
+    ap.add_argument("--reps", type=int, default=20, help="held reps per row (default 20)")
     ap.add_argument("--limit", type=float, default=0,
                     help="seconds after which to print every thread's stack and exit")
     a = ap.parse_args()
