@@ -5,8 +5,9 @@ torch.cuda.make_graphed_callables (issue 5, benchmark 1's profile).
 For one MLP (batch, width, depth) it runs the same step (zero_grad, forward, MSE loss, backward,
 SGD step) both ways and prints:
 - the host time of each phase (time.perf_counter_ns around it, no synchronisation), and the
-  step's wall time over many steps: when the phases add up to the wall time the step is bound by
-  the host (Python, autograd, launches), else by the GPU;
+  step's wall time over many steps, the two steps measured in alternated chunks: when the
+  phases add up to the wall time the step is bound by the host (Python, autograd, launches),
+  else by the GPU;
 - the step's latency on the device (synchronised after each step);
 - the device time between the phase boundaries (CUDA events on the current stream), where the
   GPU's time went, including its waits for the daemon's stream;
@@ -30,28 +31,45 @@ import graphd
 from bench_models import PHASES, mlp, timed_step  # bench/, the script's own folder
 
 
-def phases(model, opt, x, y, steps):
-    """Mean host µs of each phase, the mean wall ms of a step, the synchronised step's ms, and
-    the mean host µs of each phase when every step is synchronised (where the host no longer
-    waits in a launch for the device to drain its queue)."""
+def phases(modes, x, y, steps, chunks=6, sync=None):
+    """For each (name, model, opt) of modes: the mean host µs of each phase, the mean wall ms of
+    a step over many steps, the synchronised step's ms, and the mean host µs of each phase when
+    every step is synchronised (where the host no longer waits in a launch for the device to
+    drain its queue). The modes are measured in `chunks` alternated chunks, the order reversed
+    every other chunk, each chunk steps // chunks steps unsynchronised, then a third as many
+    synchronised: a host whose speed moves during the run moves every mode's figures alike
+    (one mode after the other, as before, the eighteenth and twenty-second sessions' runs could
+    not tell a slower step from a slower host). Returns {name: (acc, wall, synced, acc_synced)}."""
+    sync = torch.cuda.synchronize if sync is None else sync
     clock = time.perf_counter_ns
-    acc = [0] * len(PHASES)
-    acc_synced = [0] * len(PHASES)
-    for _ in range(20):
-        timed_step(model, opt, x, y, [0] * len(PHASES))
-    torch.cuda.synchronize()
-    t0 = clock()
-    for _ in range(steps):
-        timed_step(model, opt, x, y, acc)
-    torch.cuda.synchronize()
-    wall = (clock() - t0) / steps / 1e6
-    t0 = clock()
-    for _ in range(steps // 3):
-        timed_step(model, opt, x, y, acc_synced)
-        torch.cuda.synchronize()
-    synced = (clock() - t0) / (steps // 3) / 1e6
-    return ({k: v / steps / 1e3 for k, v in zip(PHASES, acc)}, wall, synced,
-            {k: v / (steps // 3) / 1e3 for k, v in zip(PHASES, acc_synced)})
+    per = max(1, steps // chunks)
+    per_synced = max(1, steps // 3 // chunks)
+    got = {name: {"acc": [0] * len(PHASES), "wall": 0, "n": 0,
+                  "acc_synced": [0] * len(PHASES), "synced": 0, "n_synced": 0}
+           for name, _, _ in modes}
+    for _, model, opt in modes:
+        for _ in range(20):
+            timed_step(model, opt, x, y, [0] * len(PHASES))
+    sync()
+    for k in range(chunks):
+        for name, model, opt in modes if k % 2 == 0 else modes[::-1]:
+            g = got[name]
+            t0 = clock()
+            for _ in range(per):
+                timed_step(model, opt, x, y, g["acc"])
+            sync()
+            g["wall"] += clock() - t0
+            g["n"] += per
+            t0 = clock()
+            for _ in range(per_synced):
+                timed_step(model, opt, x, y, g["acc_synced"])
+                sync()
+            g["synced"] += clock() - t0
+            g["n_synced"] += per_synced
+    return {name: ({k: v / g["n"] / 1e3 for k, v in zip(PHASES, g["acc"])},
+                   g["wall"] / g["n"] / 1e6, g["synced"] / g["n_synced"] / 1e6,
+                   {k: v / g["n_synced"] / 1e3 for k, v in zip(PHASES, g["acc_synced"])})
+            for name, g in got.items()}
 
 
 def device_phases(model, opt, x, y, steps):
@@ -266,8 +284,9 @@ def main():
     o2 = torch.optim.SGD(m2.parameters(), lr=1e-3)
     print("torch %s, %s, MLP %s, %d steps" % (torch.__version__, torch.cuda.get_device_name(0),
                                             args.shape, args.steps))
-    rows = [("in-process graphed", phases(g1, o1, x, y, args.steps)),
-            ("graphd resident", phases(g2, o2, x, y, args.steps))]
+    got = phases([("in-process graphed", g1, o1), ("graphd resident", g2, o2)], x, y,
+                 args.steps)
+    rows = list(got.items())
     table("host µs per phase", [(name, acc, wall, synced)
                                 for name, (acc, wall, synced, _) in rows],
           ("wall ms", "synced ms"))

@@ -2,7 +2,8 @@
 CPU substitutes: every mode's workers are started first, then each round times one window per
 mode, the order reversed every other round. The figures themselves are not judged here (the CPU
 machine's are noise, and benchmarks are not tests); what is checked is that each round has a
-window of each mode, in the order said, with every worker's steps counted."""
+window of each mode, in the order said, with every worker's steps counted. The step profile's
+host phases (bench/step_profile.py) are checked the same way, with a fake clock."""
 import json
 import os
 import subprocess
@@ -46,3 +47,54 @@ def test_an_interleaved_run_that_fails_says_why_and_exits_1(tmp_path):
     assert "Traceback" not in p.stderr, p.stderr
     doc = json.loads(out.read_text())
     assert doc["rounds"] == [] and "error" in doc["results"][0]
+
+
+def _step_profile():
+    """bench/step_profile.py as a module (its folder on sys.path, as when it runs)."""
+    bench = str(REPO / "bench")
+    if bench not in sys.path:
+        sys.path.insert(0, bench)
+    import step_profile
+    return step_profile
+
+
+def test_step_profile_alternates_its_modes_so_a_drifting_host_moves_both_alike(monkeypatch):
+    """The step profile's host phases are measured in alternated chunks. A host that slows down
+    steadily during the run (here a fake clock: each forward costs more than the one before)
+    must come out as the same step time for two identical modes; measured one mode after the
+    other, as before, the second mode came out slower than the first by the drift."""
+    import time
+
+    import torch
+    import torch.nn as nn
+
+    step_profile = _step_profile()
+    now = [0]
+    calls = []
+
+    class Drifting(nn.Module):
+        def __init__(self, name):
+            super().__init__()
+            self.name = name
+            self.w = nn.Parameter(torch.ones(4))
+
+        def forward(self, x):
+            calls.append(self.name)
+            now[0] += 1000 + 10 * len(calls)  # ns: every call 1 % of the first one slower
+            return x * self.w
+
+    monkeypatch.setattr(time, "perf_counter_ns", lambda: now[0])
+    a, b = Drifting("a"), Drifting("b")
+    modes = [("a", a, torch.optim.SGD(a.parameters(), lr=0.1)),
+             ("b", b, torch.optim.SGD(b.parameters(), lr=0.1))]
+    x, y = torch.ones(2, 4), torch.zeros(2, 4)
+    got = step_profile.phases(modes, x, y, steps=12, chunks=4, sync=lambda: None)
+
+    # 20 warm-up steps each, then per chunk 3 unsynchronised steps and 1 synchronised step of
+    # each mode, the order reversed every other chunk
+    timed = calls[40:]
+    assert timed == list("aaaabbbb" "bbbbaaaa" "aaaabbbb" "bbbbaaaa"), timed
+    wall_a, wall_b = got["a"][1], got["b"][1]
+    assert abs(wall_a / wall_b - 1) < 0.01, (wall_a, wall_b)
+    assert abs(got["a"][3]["forward"] / got["b"][3]["forward"] - 1) < 0.01, got
+    assert set(got["a"][0]) == set(step_profile.PHASES)
