@@ -35,3 +35,18 @@ def timed_step(model, opt, x, y, acc):
     for k, (u, v) in enumerate(((t0, t1), (t1, t2), (t2, t3), (t3, t4), (t4, t5))):
         acc[k] += v - u
     return loss
+
+
+def timed(fn, seconds, sync):
+    """Calls fn() in batches of 50, each ended by sync(), for at least `seconds`: (seconds
+    taken, calls)."""
+    import time
+    n = 0
+    t0 = time.perf_counter()
+    while True:
+        for _ in range(50):
+            fn()
+        n += 50
+        sync()
+        if time.perf_counter() - t0 >= seconds:
+            return time.perf_counter() - t0, n

@@ -23,13 +23,12 @@ Usage (GPU machine, a graphd running):
 import argparse
 import copy
 import sys
-import time
 
 import torch
 import torch.nn as nn
 
 import graphd
-from bench_models import mlp  # bench/, the script's own folder
+from bench_models import mlp, timed  # bench/, the script's own folder
 from step_profile import device_phases
 
 
@@ -69,14 +68,8 @@ def main():
     per_slice = {name: [] for name, _ in copies}
     for r in range(a.slices):
         for name, model in copies if r % 2 == 0 else copies[::-1]:
-            n = 0
-            t0 = time.perf_counter()
-            while time.perf_counter() - t0 < a.slice_s:
-                for _ in range(50):
-                    step(name, model)
-                n += 50
-                torch.cuda.synchronize()
-            per_slice[name].append((time.perf_counter() - t0) / n * 1e6)
+            t, n = timed(lambda: step(name, model), a.slice_s, torch.cuda.synchronize)
+            per_slice[name].append(t / n * 1e6)
     ref = sum(per_slice[copies[0][0]]) / a.slices
     print("torch %s, %s; MLP %s; µs a step in each %.1f s slice, the mean, and the mean over "
           "in-process 0's" % (torch.__version__, torch.cuda.get_device_name(0), a.shape,

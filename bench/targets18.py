@@ -41,6 +41,8 @@ import sys
 import time
 from pathlib import Path
 
+from bench_models import timed  # bench/, the script's own folder
+
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
 TAG = "targets18:"
@@ -61,20 +63,6 @@ def kit(a):
     if a.device == "cuda":
         return "cuda", torch.cuda.synchronize, torch.cuda.make_graphed_callables
     return "cpu", (lambda: None), (lambda model, args: model)
-
-
-def timed(fn, seconds, sync):
-    """Calls fn() in batches of 50, each ended by sync(), for at least `seconds`: (seconds
-    taken, calls)."""
-    n = 0
-    t0 = time.perf_counter()
-    while True:
-        for _ in range(50):
-            fn()
-        n += 50
-        sync()
-        if time.perf_counter() - t0 >= seconds:
-            return time.perf_counter() - t0, n
 
 
 # ---- parts (each in a process of its own) --------------------------------------------------
