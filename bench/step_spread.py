@@ -8,11 +8,15 @@ are captured anew, so the excess is set by the process or the capture, not by th
 This script captures, in one process, two in-process graphed copies of one MLP (the control:
 how much in-process moves between captures) and K copies through graphd, times each copy's
 training step in alternated 0.5 s slices (6 by default; the order reversed every other slice
-round), and prints each copy's µs a step per slice and its ratio to the first in-process copy;
-then each copy's device time per phase of the step (CUDA events on the client's stream,
-bench/step_profile.py's device_phases). A graphd copy whose step is slower in both the wall
-time and the device phases points at the device (the graph's kernels or the hand-offs); a copy
-slower in the wall time alone points at the host.
+round), and prints each copy's µs a step per slice and its ratio to the first in-process copy.
+After each slice the same copy runs 100 steps each followed by a synchronisation, and their
+host time is summed phase by phase (bench_models.timed_step): the host's own work a step, with
+no launch waiting for a full queue. Where a copy's own host work is well under its wall time,
+its step waits for the device, and what it takes over in-process is device time (the graph's
+kernels, the hand-offs); where the two are close, the host bounds it. Last, each copy's device
+time per phase (CUDA events on the client's stream, bench/step_profile.py's device_phases:
+these include the device's idle time, so they say where the GPU's time went, not what bound
+it).
 
 Run it under different placements (taskset of the client and of the daemon) to see whether the
 daemon's threads slow the client's (docs/BENCHMARKS.md, "Step profile").
@@ -28,7 +32,7 @@ import torch
 import torch.nn as nn
 
 import graphd
-from bench_models import mlp, timed  # bench/, the script's own folder
+from bench_models import PHASES, mlp, timed, timed_step  # bench/, the script's own folder
 from step_profile import device_phases
 
 
@@ -38,6 +42,8 @@ def main():
     ap.add_argument("--copies", type=int, default=3, help="graphd-captured copies (default 3)")
     ap.add_argument("--slices", type=int, default=6, help="0.5 s slices per copy (default 6)")
     ap.add_argument("--slice-s", type=float, default=0.5, help="seconds per slice")
+    ap.add_argument("--synced-steps", type=int, default=100,
+                    help="synchronised steps after each slice, for the host's own work")
     ap.add_argument("--steps", type=int, default=500, help="steps for the device phases")
     a = ap.parse_args()
     if not torch.cuda.is_available():
@@ -66,19 +72,29 @@ def main():
             step(name, model)
     torch.cuda.synchronize()
     per_slice = {name: [] for name, _ in copies}
+    own = {name: [0] * len(PHASES) for name, _ in copies}  # host ns, synchronised steps
     for r in range(a.slices):
         for name, model in copies if r % 2 == 0 else copies[::-1]:
             t, n = timed(lambda: step(name, model), a.slice_s, torch.cuda.synchronize)
             per_slice[name].append(t / n * 1e6)
+            for _ in range(a.synced_steps):
+                timed_step(model, opts[name], x, y, own[name])
+                torch.cuda.synchronize()
     ref = sum(per_slice[copies[0][0]]) / a.slices
-    print("torch %s, %s; MLP %s; µs a step in each %.1f s slice, the mean, and the mean over "
-          "in-process 0's" % (torch.__version__, torch.cuda.get_device_name(0), a.shape,
-                              a.slice_s))
+    print("torch %s, %s; MLP %s; µs a step in each %.1f s slice, the mean, its ratio to "
+          "in-process 0's, and the host's own work a step (synchronised steps)"
+          % (torch.__version__, torch.cuda.get_device_name(0), a.shape, a.slice_s))
+    steps_synced = a.synced_steps * a.slices
     for name, _ in copies:
         v = per_slice[name]
         mean = sum(v) / len(v)
-        print("  %-13s %s   mean %7.1f   %.3f" % (name, " ".join("%7.1f" % t for t in v), mean,
-                                                  mean / ref))
+        print("  %-13s %s   mean %7.1f   %.3f   host own %7.1f" % (
+            name, " ".join("%7.1f" % t for t in v), mean, mean / ref,
+            sum(own[name]) / steps_synced / 1e3))
+    print("host's own work by phase, µs a synchronised step")
+    for name, _ in copies:
+        print("  %-13s %s" % (name, "  ".join("%s %6.1f" % (k, v / steps_synced / 1e3)
+                                              for k, v in zip(PHASES, own[name]))))
     print("device µs per phase (CUDA events on the client's stream, %d steps)" % a.steps)
     for name, model in copies:
         ph = device_phases(model, opts[name], x, y, a.steps)
