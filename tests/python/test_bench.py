@@ -3,11 +3,15 @@ CPU substitutes: every mode's workers are started first, then each round times o
 mode, the order reversed every other round. The figures themselves are not judged here (the CPU
 machine's are noise, and benchmarks are not tests); what is checked is that each round has a
 window of each mode, in the order said, with every worker's steps counted. The step profile's
-host phases (bench/step_profile.py) are checked the same way, with a fake clock."""
+host phases (bench/step_profile.py) are checked the same way, with a fake clock; targets18's
+target 2 and bench/step_spread.py (CUDA stood in) are run end to end, so that a mistake in them
+shows here rather than in scarce GPU time."""
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -98,3 +102,82 @@ def test_step_profile_alternates_its_modes_so_a_drifting_host_moves_both_alike(m
     assert abs(wall_a / wall_b - 1) < 0.01, (wall_a, wall_b)
     assert abs(got["a"][3]["forward"] / got["b"][3]["forward"] - 1) < 0.01, got
     assert set(got["a"][0]) == set(step_profile.PHASES)
+
+
+def test_targets18_target2_rounds_carry_each_modes_step_and_host_work(tmp_path):
+    """Target 2's smoke run on the CPU: every round reports both modes' step time, the slices'
+    ratios and the host's own work a step of each mode (what places a miss on the host or the
+    device), in its line and in the JSON."""
+    out = tmp_path / "t2.json"
+    # targets18 keeps its own temporary folder, with the daemons' sockets in it: a short TMPDIR
+    # of this test's (pytest's tmp_path is too long for a socket's path), removed after
+    short = tempfile.mkdtemp(prefix="t18-", dir="/tmp")
+    try:
+        p = subprocess.run(
+            [sys.executable, str(REPO / "bench" / "targets18.py"), "--device", "cpu", "--window",
+             "0.2", "--targets", "2", "--graphd",
+             os.path.join(os.environ["GRAPHD_BUILD"], "graphd"), "--json", str(out)],
+            capture_output=True, text=True, timeout=300, env=dict(os.environ, TMPDIR=short))
+    finally:
+        shutil.rmtree(short, ignore_errors=True)
+    assert p.returncode == 0, p.stdout + p.stderr
+    rounds = json.loads(out.read_text())["rounds"]["2"]
+    assert len(rounds) == 3, rounds
+    for r in rounds:
+        assert r["graphd"] > 0 and r["inproc"] > 0 and r["slice_ratios"], r
+        assert set(r["host_own_ms"]) == {"graphd", "inproc"}, r
+        assert all(v > 0 for v in r["host_own_ms"].values()), r
+    lines = [ln for ln in p.stderr.splitlines() if "target 2 (" in ln and "round" in ln]
+    assert len(lines) == 3 and all("the host's own work a step graphd" in ln for ln in lines), \
+        p.stderr
+
+
+# bench/step_spread.py needs CUDA; this runs its logic on the CPU with the CUDA calls it makes
+# replaced by stand-ins (both graphing calls return the eager model), so that a mistake in it
+# shows here and not on the GPU machine, whose time is scarce. Its figures mean nothing here.
+FAKE_CUDA = r'''
+import sys, time
+sys.path.insert(0, %(bench)r)
+import torch, torch.nn as nn
+import graphd
+torch.cuda.is_available = lambda: True
+torch.cuda.make_graphed_callables = lambda m, a: m
+graphd.make_graphed_callables = lambda m, a: m
+torch.cuda.synchronize = lambda *a: None
+torch.cuda.get_device_name = lambda *a: "stand-in"
+nn.Module.cuda = lambda self, *a: self
+_randn = torch.randn
+torch.randn = lambda *a, device=None, **k: _randn(*a, **k)
+
+
+class Event:
+    def __init__(self, **k):
+        self.t = 0.0
+
+    def record(self, *a):
+        self.t = time.perf_counter()
+
+    def elapsed_time(self, other):
+        return (other.t - self.t) * 1e3
+
+
+torch.cuda.Event = Event
+import step_spread
+sys.argv = ["step_spread", "--shape", "8,16,2", "--copies", "2", "--slices", "2",
+            "--slice-s", "0.05", "--steps", "10", "--synced-steps", "5"]
+sys.exit(step_spread.main())
+'''
+
+
+def test_step_spread_runs_end_to_end_with_cuda_stood_in(tmp_path):
+    script = tmp_path / "spread.py"
+    script.write_text(FAKE_CUDA % {"bench": str(REPO / "bench")})
+    p = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    names = ("in-process 0", "in-process 1", "graphd 0", "graphd 1")
+    # three tables (step times, host work by phase, device phases), one row per copy in each
+    for name in names:
+        rows = [ln for ln in p.stdout.splitlines() if ln.strip().startswith(name)]
+        assert len(rows) == 3, p.stdout
+    assert "host own" in p.stdout and "sum" in p.stdout, p.stdout
