@@ -37,6 +37,14 @@ def timed_step(model, opt, x, y, acc):
     return loss
 
 
+def synced_steps(model, opt, x, y, steps, sync, acc):
+    """timed_step() steps times, each followed by sync(): the host's own work a step, phase by
+    phase in acc, with no launch waiting for the device to drain a full queue."""
+    for _ in range(steps):
+        timed_step(model, opt, x, y, acc)
+        sync()
+
+
 def timed(fn, seconds, sync):
     """Calls fn() in batches of 50, each ended by sync(), for at least `seconds`: (seconds
     taken, calls)."""

@@ -28,7 +28,7 @@ import torch
 import torch.nn as nn
 
 import graphd
-from bench_models import PHASES, mlp, timed_step  # bench/, the script's own folder
+from bench_models import PHASES, mlp, synced_steps, timed_step  # bench/, the script's folder
 
 
 def phases(modes, x, y, steps, chunks=6, sync=None):
@@ -44,9 +44,8 @@ def phases(modes, x, y, steps, chunks=6, sync=None):
     clock = time.perf_counter_ns
     per = max(1, steps // chunks)
     per_synced = max(1, steps // 3 // chunks)
-    got = {name: {"acc": [0] * len(PHASES), "wall": 0, "n": 0,
-                  "acc_synced": [0] * len(PHASES), "synced": 0, "n_synced": 0}
-           for name, _, _ in modes}
+    got = {name: {"acc": [0] * len(PHASES), "wall": 0, "acc_synced": [0] * len(PHASES),
+                  "synced": 0} for name, _, _ in modes}
     for _, model, opt in modes:
         for _ in range(20):
             timed_step(model, opt, x, y, [0] * len(PHASES))
@@ -59,16 +58,13 @@ def phases(modes, x, y, steps, chunks=6, sync=None):
                 timed_step(model, opt, x, y, g["acc"])
             sync()
             g["wall"] += clock() - t0
-            g["n"] += per
             t0 = clock()
-            for _ in range(per_synced):
-                timed_step(model, opt, x, y, g["acc_synced"])
-                sync()
+            synced_steps(model, opt, x, y, per_synced, sync, g["acc_synced"])
             g["synced"] += clock() - t0
-            g["n_synced"] += per_synced
-    return {name: ({k: v / g["n"] / 1e3 for k, v in zip(PHASES, g["acc"])},
-                   g["wall"] / g["n"] / 1e6, g["synced"] / g["n_synced"] / 1e6,
-                   {k: v / g["n_synced"] / 1e3 for k, v in zip(PHASES, g["acc_synced"])})
+    n, n_synced = per * chunks, per_synced * chunks
+    return {name: ({k: v / n / 1e3 for k, v in zip(PHASES, g["acc"])},
+                   g["wall"] / n / 1e6, g["synced"] / n_synced / 1e6,
+                   {k: v / n_synced / 1e3 for k, v in zip(PHASES, g["acc_synced"])})
             for name, g in got.items()}
 
 

@@ -32,7 +32,7 @@ import torch
 import torch.nn as nn
 
 import graphd
-from bench_models import PHASES, mlp, timed, timed_step  # bench/, the script's own folder
+from bench_models import PHASES, mlp, synced_steps, timed  # bench/, the script's own folder
 from step_profile import device_phases
 
 
@@ -77,9 +77,8 @@ def main():
         for name, model in copies if r % 2 == 0 else copies[::-1]:
             t, n = timed(lambda: step(name, model), a.slice_s, torch.cuda.synchronize)
             per_slice[name].append(t / n * 1e6)
-            for _ in range(a.synced_steps):
-                timed_step(model, opts[name], x, y, own[name])
-                torch.cuda.synchronize()
+            synced_steps(model, opts[name], x, y, a.synced_steps, torch.cuda.synchronize,
+                         own[name])
     ref = sum(per_slice[copies[0][0]]) / a.slices
     print("torch %s, %s; MLP %s; µs a step in each %.1f s slice, the mean, its ratio to "
           "in-process 0's, and the host's own work a step (synchronised steps)"

@@ -76,7 +76,7 @@ def part_step(a):
     import torch.nn as nn
 
     import graphd
-    from bench_models import PHASES, mlp, timed_step
+    from bench_models import PHASES, mlp, synced_steps
 
     b, w, d = (int(v) for v in a.shape.split(","))
     dev, sync, inproc_graphed = kit(a)
@@ -119,18 +119,15 @@ def part_step(a):
     # The host's own work a step: steps each followed by a synchronisation, so that no launch
     # waits for a full queue, alternated like the slices. Well under the step's time, the step
     # waits for the device; close to it, the host bounds the step (which a miss needs to know).
-    own = {name: [0, 0] for name, _ in order}
+    own = dict.fromkeys(spent, 0)  # host ns
     for k in range(OWN_CHUNKS):
         for name, fn in order if k % 2 == 0 else order[::-1]:
             acc = [0] * len(PHASES)
-            for _ in range(OWN_STEPS):
-                timed_step(fn.model, fn.opt, x, y, acc)
-                sync()
-            own[name][0] += sum(acc)
-            own[name][1] += OWN_STEPS
+            synced_steps(fn.model, fn.opt, x, y, OWN_STEPS, sync, acc)
+            own[name] += sum(acc)
     emit(part="step", shape=a.shape, round=a.round, slices=slices,
          slice_ratios=[g / i for g, i in zip(per_slice["graphd"], per_slice["inproc"])],
-         host_own_ms={name: ns / n / 1e6 for name, (ns, n) in own.items()},
+         host_own_ms={name: ns / (OWN_CHUNKS * OWN_STEPS) / 1e6 for name, ns in own.items()},
          **{name: t / n * 1e3 for name, (t, n) in spent.items()})
 
 
