@@ -132,6 +132,12 @@ const gd_setting_t gd_settings[] = {
      "microseconds later, and each sleeping thread takes tens of microseconds to wake (a core "
      "each while a GPU trains; 0 on hosts with fewer than 4 CPUs)",
      NULL},
+    {"replay_spin_slice_us", GD_CFG_UINT, FIELD(replay_spin_slice_us), "20", 0, 1000, false,
+     "while an executor polls after a device-resident replay (replay_spin_us) and every one of "
+     "its connections is on a replay ring, how long it watches the rings in user space, with the "
+     "CPU's spin-wait hint, between polls of its sockets (a frame on a socket waits up to this "
+     "much longer); 0: a poll() on every turn",
+     NULL},
     {"executor_cuda_queues", GD_CFG_UINT, FIELD(executor_cuda_queues), "32", 0, 32, false,
      "hardware queues a CUDA executor asks for (CUDA_DEVICE_MAX_CONNECTIONS, at most 32; 0: "
      "CUDA's default or the environment's). Each session's replays have a stream of their own, "

@@ -50,6 +50,7 @@ typedef struct gd_config {
     uint64_t worker_spin_us;
     uint64_t worker_idle_ms;
     uint64_t replay_spin_us;
+    uint64_t replay_spin_slice_us;
     uint64_t executor_cuda_queues;
     uint64_t reply_buffer_max_bytes;
     uint64_t max_queued_replays;

@@ -722,7 +722,8 @@ static int start(gd_exec_t *x)
         gd_cgroup_on(o.cgroup) &&
         gd_cgroup_exec_make(o.cgroup, x->uid, x->device, o.memory_bytes, &x->cgroup_ooms) == 0;
     pthread_mutex_unlock(&h->mu);
-    char threads[24], cpus[24], unpacked[24], callmem[24], replymax[24], spinus[24], queues[24];
+    char threads[24], cpus[24], unpacked[24], callmem[24], replymax[24], spinus[24], queues[24],
+        slice[24];
     snprintf(threads, sizeof threads, "%d", o.intra_op_threads);
     snprintf(cpus, sizeof cpus, "%d", o.cpu_devices);
     snprintf(unpacked, sizeof unpacked, "%llu", (unsigned long long)o.max_unpacked);
@@ -730,6 +731,7 @@ static int start(gd_exec_t *x)
     snprintf(replymax, sizeof replymax, "%llu", (unsigned long long)o.reply_max);
     snprintf(spinus, sizeof spinus, "%llu", (unsigned long long)(o.spin ? o.replay_spin_us : 0));
     snprintf(queues, sizeof queues, "%llu", (unsigned long long)o.cuda_queues);
+    snprintf(slice, sizeof slice, "%llu", (unsigned long long)o.spin_slice_us);
     char *argv[24];
     int a = 0;
     argv[a++] = (char *)h->path;
@@ -747,6 +749,8 @@ static int start(gd_exec_t *x)
     argv[a++] = replymax;
     argv[a++] = "--spin-us";
     argv[a++] = spinus;
+    argv[a++] = "--spin-slice-us";
+    argv[a++] = slice;
     argv[a++] = "--cuda-queues";
     argv[a++] = queues;
     if (!o.sandbox)

@@ -42,6 +42,7 @@ typedef struct gd_exec_opts {
     bool sandbox;            /* false: executors skip Landlock and seccomp (logged) */
     bool spin;               /* poll for answers briefly before sleeping (4 CPUs or more) */
     uint64_t replay_spin_us; /* with spin: an executor polls this long after a device replay */
+    uint64_t spin_slice_us;  /* while it polls: user-space ring watch between polls */
     uint64_t reply_max;      /* bytes of answers a direct connection may leave unread */
     uint64_t cuda_queues;    /* CUDA_DEVICE_MAX_CONNECTIONS of a CUDA executor (0: unset) */
     /* [optional] memory.max per executor where it is on (cgroup.h); not owned. The RSS

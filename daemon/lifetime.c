@@ -160,6 +160,7 @@ int gd_graphs_start(gd_daemon_t *d)
         .sandbox = d->cfg.executor_sandbox != 0,
         .spin = sysconf(_SC_NPROCESSORS_ONLN) >= 4,
         .replay_spin_us = d->cfg.replay_spin_us,
+        .spin_slice_us = d->cfg.replay_spin_slice_us,
         .reply_max = d->cfg.reply_buffer_max_bytes,
         .cuda_queues = d->cfg.executor_cuda_queues,
     };

@@ -65,9 +65,10 @@ typedef struct exec_args {
     uint64_t call_memory;
     bool no_sandbox;
     bool no_landlock, no_seccomp; /* one layer off, to find which one a device driver needs */
-    uint64_t reply_max;   /* a direct connection's unsent answers, in bytes, before it is dropped */
-    uint64_t spin_us;     /* poll, not sleep, this long after a device replay (0: never) */
-    uint64_t cuda_queues; /* CUDA_DEVICE_MAX_CONNECTIONS for a cuda device (0: left as it is) */
+    uint64_t reply_max; /* a direct connection's unsent answers, in bytes, before it is dropped */
+    uint64_t spin_us;   /* poll, not sleep, this long after a device replay (0: never) */
+    uint64_t spin_slice_us; /* while hot: watch the rings this long between polls (0: never) */
+    uint64_t cuda_queues;   /* CUDA_DEVICE_MAX_CONNECTIONS for a cuda device (0: left as it is) */
     const char *read_paths[MAX_PATHS];
     size_t n_read;
     const char *rw_paths[MAX_PATHS];
@@ -2040,24 +2041,25 @@ static bool rings_asleep(bool on)
 /* While device frees are deferred, how often the idle loop retries them, in milliseconds. */
 #define RECLAIM_POLL_MS 20
 
-/* How long one turn of the hot loop waits for a ring slot in user space before it polls. */
-#define SPIN_SLICE_NS 20000
+/* How long one turn of the hot loop waits for a ring slot in user space before it polls, unless
+ * --spin-slice-us says otherwise (the daemon's replay_spin_slice_us). */
+#define SPIN_SLICE_US_DEFAULT 20
 
 /* While the loop is hot (--spin-us) and every connection is on a replay ring with nothing else
- * to do: waits for a ring slot with the CPU's spin-wait hint, up to SPIN_SLICE_NS or hot_until,
- * before the loop's poll. Polling on every turn made the hot loop a system call every
- * microsecond for as long as training went on. Sockets and the channel are polled every slice
- * still (a frame or a daemon request waits at most that much longer while the loop is hot).
- * Whether this changes training throughput has not been measured apart from the noise
- * (docs/BENCHMARKS.md, issue 18's target 1, nineteenth session). */
+ * to do: waits for a ring slot with the CPU's spin-wait hint, up to --spin-slice-us or hot_until,
+ * before the loop's poll (0: no wait, a poll on every turn). Polling on every turn made the hot
+ * loop a system call every microsecond for as long as training went on. Sockets and the channel
+ * are polled every slice still (a frame or a daemon request waits at most that much longer while
+ * the loop is hot). Whether this changes training throughput has not been measured apart from
+ * the noise (docs/BENCHMARKS.md, issue 18's target 1, nineteenth session). */
 static void spin_on_rings(uint64_t hot_until)
 {
-    if (X.nconns == 0 || IN.tail > IN.head)
+    if (X.args.spin_slice_us == 0 || X.nconns == 0 || IN.tail > IN.head)
         return;
     for (size_t i = 0; i < X.nconns; i++)
         if (X.conns[i]->ring == NULL || X.conns[i]->in_len > 0 || X.conns[i]->out_len > 0)
             return;
-    uint64_t until = now_ns() + SPIN_SLICE_NS;
+    uint64_t until = now_ns() + X.args.spin_slice_us * 1000;
     if (until > hot_until)
         until = hot_until;
     do {
@@ -2232,7 +2234,7 @@ static void usage(const char *msg, const char *arg)
     fprintf(stderr,
             "usage: graphd-executor --device DEV [--intra-op-threads N] [--cpu-devices N]\n"
             "       [--max-unpacked BYTES] [--call-memory BYTES] [--no-sandbox]\n"
-            "       [--reply-max BYTES] [--spin-us US] [--cuda-queues N]\n"
+            "       [--reply-max BYTES] [--spin-us US] [--spin-slice-us US] [--cuda-queues N]\n"
             "       [--no-landlock] [--no-seccomp]\n"
             "       [--read PATH]... [--rw PATH]... [--tmp DIR]...\n"
             "fd %d is the daemon's channel, fd %d its urgent socket, fd %d (optional) the state\n"
@@ -2258,6 +2260,7 @@ static void parse_args(int argc, char **argv, exec_args_t *a)
 {
     memset(a, 0, sizeof *a);
     a->reply_max = 1u << 20;
+    a->spin_slice_us = SPIN_SLICE_US_DEFAULT;
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i];
         if (strcmp(f, "--no-sandbox") == 0) {
@@ -2272,7 +2275,7 @@ static void parse_args(int argc, char **argv, exec_args_t *a)
             strcmp(f, "--cpu-devices") && strcmp(f, "--max-unpacked") &&
             strcmp(f, "--call-memory") && strcmp(f, "--read") && strcmp(f, "--rw") &&
             strcmp(f, "--tmp") && strcmp(f, "--reply-max") && strcmp(f, "--spin-us") &&
-            strcmp(f, "--cuda-queues"))
+            strcmp(f, "--spin-slice-us") && strcmp(f, "--cuda-queues"))
             usage("unknown flag", f);
         if (i + 1 >= argc)
             usage("missing the value of", f);
@@ -2296,6 +2299,8 @@ static void parse_args(int argc, char **argv, exec_args_t *a)
             a->reply_max = parse_u64(f, v, UINT64_C(1) << 40);
         } else if (strcmp(f, "--spin-us") == 0) {
             a->spin_us = parse_u64(f, v, 1000000);
+        } else if (strcmp(f, "--spin-slice-us") == 0) {
+            a->spin_slice_us = parse_u64(f, v, 1000);
         } else if (strcmp(f, "--cuda-queues") == 0) {
             a->cuda_queues = parse_u64(f, v, 32);
         } else {

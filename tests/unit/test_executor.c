@@ -838,26 +838,23 @@ static void test_inherited_fds_are_closed(void **state)
 }
 
 /* Arguments: an unknown flag, a missing device, a bad number exit 2; --no-sandbox says so; the
- * rest (--cuda-queues too, left alone on a CPU device) are taken. */
+ * rest (--cuda-queues and --spin-slice-us too, unused on a CPU device) are taken. */
 static void test_arguments(void **state)
 {
     (void)state;
-    const char *bad[][3] = {{"--frobnicate", NULL, NULL},
-                            {"--cpu-devices", "-1", NULL},
-                            {"--call-memory", "12x", NULL},
-                            {"--cpu-devices", NULL, NULL},
-                            {"--cuda-queues", "33", NULL}}; /* CUDA gives at most 32 */
+    /* CUDA gives at most 32 queues; a ring watch between polls is at most 1 ms. */
+    const char *bad[][3] = {{"--frobnicate", NULL, NULL},   {"--cpu-devices", "-1", NULL},
+                            {"--call-memory", "12x", NULL}, {"--cpu-devices", NULL, NULL},
+                            {"--cuda-queues", "33", NULL},  {"--spin-slice-us", "1001", NULL}};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         executor_t ex = spawn_with(bad[i]);
         int status = reap(&ex);
         assert_true(WIFEXITED(status));
         assert_int_equal(WEXITSTATUS(status), 2);
     }
-    const char *nosb[] = {"--no-sandbox", "--max-unpacked",
-                          "1000000",      "--call-memory",
-                          "100000000",    "--read",
-                          "/usr/lib",     "--cuda-queues",
-                          "32",           NULL};
+    const char *nosb[] = {"--no-sandbox", "--max-unpacked",  "1000000",  "--call-memory",
+                          "100000000",    "--read",          "/usr/lib", "--cuda-queues",
+                          "32",           "--spin-slice-us", "0",        NULL};
     executor_t ex = spawn_with(nosb);
     read_ready(&ex, 0);
     finish(&ex);
