@@ -351,13 +351,13 @@ class Sampler(threading.Thread):
 class Daemon:
     """A fresh graphd for one mode, on a socket in the run's temporary directory."""
 
-    def __init__(self, exe, tmp, tag):
+    def __init__(self, exe, tmp, tag, extra=()):
         self.log = tmp / ("graphd-%s.log" % tag)
         self.address = "unix:%s" % (tmp / ("graphd-%s.sock" % tag))
         with open(self.log, "w") as out:
             self.proc = spawn([str(exe), "--config", "/dev/null", "--listen", self.address,
-                               "--log-level", "warn"], stdout=out, stderr=subprocess.STDOUT,
-                              stdin=subprocess.DEVNULL)
+                               "--log-level", "warn"] + list(extra), stdout=out,
+                              stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         from gd_daemon import wait_until_answering  # bench/, the script's own folder
         why = wait_until_answering(self.proc, self.address)
         if why is not None:
@@ -459,7 +459,7 @@ class ModeRun:
             if a.address:
                 address = a.address
             else:
-                self.daemon = Daemon(a.graphd, self.tmp, mode)
+                self.daemon = Daemon(a.graphd, self.tmp, mode, a.daemon_arg)
                 address = self.daemon.address
             self.client = graphd.Client(address)
             pool_dev = "cuda:0" if cuda else "cpu:0"
@@ -867,6 +867,9 @@ def main():
                     help="default: cuda when torch has it, else the CPU substitutes")
     ap.add_argument("--graphd", type=Path, default=None,
                     help="daemon binary, one fresh daemon per graphd mode (default build/graphd)")
+    ap.add_argument("--daemon-arg", action="append", default=[], metavar="ARG",
+                    help="one more argument for each fresh daemon, e.g. "
+                    "--daemon-arg=--replay-spin-slice-us=0 (repeatable)")
     ap.add_argument("--address", help="use this running daemon instead (its idle memory is "
                     "then in the baseline)")
     ap.add_argument("--threads", type=int, default=None,

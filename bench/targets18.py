@@ -13,7 +13,9 @@ first in the next), and every throughput or latency figure from timed windows of
    fresh processes and daemon, modes c,a or a,c): >= 1.0.
 2. One process, device-resident step / in-process graphed step at (64, 512, 8) and
    (64, 1024, 16) (a fresh daemon; each round times both for WINDOW s each, in slices of
-   0.5 s that alternate between the two, ABBA...): <= 1.05.
+   0.5 s that alternate between them, ABC CBA...): <= 1.05. A second in-process copy, timed
+   alongside, is the control: its ratio to the first (printed, not judged) is the spread the
+   measurement gives between two identical steps.
 3. Replay round trip of a trivial graph (x * 2 on float32[4]): graphd posted replay + stream
    synchronize against in-process CUDAGraph.replay() + synchronize, p50 difference (<= +10 us)
    and graphd p99 (<= 40 us), from WINDOW s of calls per mode and round.
@@ -94,15 +96,19 @@ def part_step(a):
             opt.step()
         step.model, step.opt = model, opt
         return step
-    m1, m2 = copy.deepcopy(base), copy.deepcopy(base)
+    m1, m2, m3 = copy.deepcopy(base), copy.deepcopy(base), copy.deepcopy(base)
     graphed = stepper(inproc_graphed(m1, (x.clone(),)))
     resident = stepper(graphd.make_graphed_callables(m2, (x.clone(),)))
-    order = [("graphd", resident), ("inproc", graphed)]
+    # The control: a second in-process graphed copy, timed like the other two. Its ratio to the
+    # first is what the measurement itself gives between two identical steps: two in-process
+    # copies of one process moved apart by up to 5.8% in the twenty-third session.
+    control = stepper(inproc_graphed(m3, (x.clone(),)))
+    order = [("graphd", resident), ("inproc", graphed), ("control", control)]
     if a.round % 2:
         order.reverse()
     # Each mode's window of a.window seconds is timed in slices of about SLICE_S that alternate
-    # between the modes (ABBA...): one 3 s window after the other moved by up to 10% with the
-    # host's speed (twentieth session), more than the target's margin.
+    # between the modes (ABC CBA ...): one 3 s window after the other moved by up to 10% with
+    # the host's speed (twentieth session), more than the target's margin.
     for _, fn in order:
         for _ in range(20):
             fn()
@@ -127,6 +133,7 @@ def part_step(a):
             own[name] += sum(acc)
     emit(part="step", shape=a.shape, round=a.round, slices=slices,
          slice_ratios=[g / i for g, i in zip(per_slice["graphd"], per_slice["inproc"])],
+         control_slice_ratios=[c / i for c, i in zip(per_slice["control"], per_slice["inproc"])],
          host_own_ms={name: ns / (OWN_CHUNKS * OWN_STEPS) / 1e6 for name, ns in own.items()},
          **{name: t / n * 1e3 for name, (t, n) in spent.items()})
 
@@ -256,7 +263,7 @@ class FreshDaemon:
     def __init__(self, a, tag):
         sys.path.insert(0, str(BENCH))
         from share_gpu import Daemon  # a fresh graphd on a socket of its own
-        self.d = Daemon(a.graphd, a.tmp, tag)
+        self.d = Daemon(a.graphd, a.tmp, tag, a.daemon_arg)
         self.env = dict(os.environ, GRAPHD_ADDRESS=self.d.address)
 
     def __enter__(self):
@@ -271,8 +278,9 @@ def span(values):
 
 
 def judged(a, ok, values):
-    """True/False: the target met in every round or not; None on the CPU (not judged)."""
-    return all(ok(v) for v in values) if a.device == "cuda" else None
+    """True/False: the target met in every round or not; None on the CPU or for a row without
+    a target (a control; not judged)."""
+    return all(ok(v) for v in values) if a.device == "cuda" and ok is not None else None
 
 
 def row_text(a, label, values, target, ok):
@@ -301,7 +309,7 @@ def share_gpu(a, shape, modes, out, more=(), timeout=600):
     cmd = [sys.executable, str(BENCH / "share_gpu.py"), "--procs", str(a.procs),
            "--modes", modes, "--seconds", str(a.window), "--graphd", str(a.graphd),
            "--device", a.device, "--batch", b, "--width", w, "--depth", d,
-           "--json", str(out)] + list(more)
+           "--json", str(out)] + ["--daemon-arg=" + x for x in a.daemon_arg] + list(more)
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     if p.returncode != 0 or not out.exists():
         raise RuntimeError("share_gpu %s failed:\n%s" % (" ".join(more) or modes,
@@ -330,22 +338,27 @@ def target1(a):
 def target2(a):
     rows, rounds = [], []
     for shape in SHAPES if a.device == "cuda" else (SMOKE_SHAPE,):
-        ratios = []
+        ratios, controls = [], []
         with FreshDaemon(a, "step-" + shape.replace(",", "x")) as fd:
             for r in range(ROUNDS):
                 m = run_part(a, ["--part", "step", "--shape", shape, "--round", str(r)], fd.env)
                 ratios.append(m["graphd"] / m["inproc"])
+                controls.append(m["control"] / m["inproc"])
                 rounds.append(m)
                 lo, hi = span(m["slice_ratios"])
+                clo, chi = span(m["control_slice_ratios"])
                 own = m["host_own_ms"]
                 print("targets18: target 2 (%s) round %d: %.3f, its %d slice pairs %.3f - %.3f; "
-                      "ms a step graphd %.3f, in-process %.3f; the host's own work a step "
-                      "graphd %.3f, in-process %.3f"
-                      % (shape, r + 1, ratios[-1], len(m["slice_ratios"]), lo, hi, m["graphd"],
-                         m["inproc"], own["graphd"], own["inproc"]),
+                      "control (a second in-process copy) %.3f, slices %.3f - %.3f; ms a step "
+                      "graphd %.3f, in-process %.3f, control %.3f; the host's own work a step "
+                      "graphd %.3f, in-process %.3f, control %.3f"
+                      % (shape, r + 1, ratios[-1], len(m["slice_ratios"]), lo, hi, controls[-1],
+                         clo, chi, m["graphd"], m["inproc"], m["control"], own["graphd"],
+                         own["inproc"], own["control"]),
                       file=sys.stderr, flush=True)
         rows.append(("single-process step graphd/in-process (%s)" % shape, ratios, "<= 1.05",
                      lambda v: v <= 1.05))
+        rows.append(("  control: in-process copy 2/copy 1 (%s)" % shape, controls, "none", None))
     return rows, rounds
 
 
@@ -438,6 +451,9 @@ def main():
     ap.add_argument("--targets", default="1,2,3,4", help="comma-separated subset of 1,2,3,4")
     ap.add_argument("--graphd", type=Path, default=REPO / "build" / "graphd")
     ap.add_argument("--json", metavar="PATH", help="also write the figures as JSON to PATH")
+    ap.add_argument("--daemon-arg", action="append", default=[], metavar="ARG",
+                    help="one more argument for every fresh daemon, e.g. "
+                    "--daemon-arg=--replay-spin-slice-us=0 (repeatable), for A/B runs")
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                     help="cpu: a smoke run without a GPU (CPU substitutes, nothing judged)")
     ap.add_argument("--part", choices=("step", "replay", "capture"), help=argparse.SUPPRESS)

@@ -105,9 +105,11 @@ def test_step_profile_alternates_its_modes_so_a_drifting_host_moves_both_alike(m
 
 
 def test_targets18_target2_rounds_carry_each_modes_step_and_host_work(tmp_path):
-    """Target 2's smoke run on the CPU: every round reports both modes' step time, the slices'
-    ratios and the host's own work a step of each mode (what places a miss on the host or the
-    device), in its line and in the JSON."""
+    """Target 2's smoke run on the CPU: every round reports the step time of both modes and of
+    the control (a second in-process copy), the slices' ratios and the host's own work a step of
+    each (what places a miss on the host or the device), in its line and in the JSON; the
+    control's row is printed unjudged. --daemon-arg reaches the daemon (a setting it refuses
+    would fail the run)."""
     out = tmp_path / "t2.json"
     # targets18 keeps its own temporary folder, with the daemons' sockets in it: a short TMPDIR
     # of this test's (pytest's tmp_path is too long for a socket's path), removed after
@@ -116,7 +118,8 @@ def test_targets18_target2_rounds_carry_each_modes_step_and_host_work(tmp_path):
         p = subprocess.run(
             [sys.executable, str(REPO / "bench" / "targets18.py"), "--device", "cpu", "--window",
              "0.2", "--targets", "2", "--graphd",
-             os.path.join(os.environ["GRAPHD_BUILD"], "graphd"), "--json", str(out)],
+             os.path.join(os.environ["GRAPHD_BUILD"], "graphd"), "--json", str(out),
+             "--daemon-arg=--replay-spin-slice-us=0"],
             capture_output=True, text=True, timeout=300, env=dict(os.environ, TMPDIR=short))
     finally:
         shutil.rmtree(short, ignore_errors=True)
@@ -124,12 +127,15 @@ def test_targets18_target2_rounds_carry_each_modes_step_and_host_work(tmp_path):
     rounds = json.loads(out.read_text())["rounds"]["2"]
     assert len(rounds) == 3, rounds
     for r in rounds:
-        assert r["graphd"] > 0 and r["inproc"] > 0 and r["slice_ratios"], r
-        assert set(r["host_own_ms"]) == {"graphd", "inproc"}, r
+        assert r["graphd"] > 0 and r["inproc"] > 0 and r["control"] > 0, r
+        assert len(r["slice_ratios"]) == len(r["control_slice_ratios"]) > 0, r
+        assert set(r["host_own_ms"]) == {"graphd", "inproc", "control"}, r
         assert all(v > 0 for v in r["host_own_ms"].values()), r
     lines = [ln for ln in p.stderr.splitlines() if "target 2 (" in ln and "round" in ln]
-    assert len(lines) == 3 and all("the host's own work a step graphd" in ln for ln in lines), \
-        p.stderr
+    assert len(lines) == 3 and all("the host's own work a step graphd" in ln and "control" in ln
+                                   for ln in lines), p.stderr
+    control = [ln for ln in p.stdout.splitlines() if "control: in-process copy 2/copy 1" in ln]
+    assert len(control) == 1 and control[0].rstrip().endswith("-"), p.stdout
 
 
 # bench/step_spread.py needs CUDA; this runs its logic on the CPU with the CUDA calls it makes
