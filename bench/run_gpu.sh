@@ -8,7 +8,8 @@
 # Environment: PYTESTS (the pytest paths, default tests/python), STEPS (training steps per mode,
 # default 200), PYTEST_LIMIT (seconds for the Python tests, default 420), SHARE_ARGS (more arguments for bench/share_gpu.py), PROFILE_SHAPES (default
 # "64,512,8 256,4096,8"), PYTHON (default python3), DAEMON_ARGS (more graphd options for the
-# steps that start one: train, replay, profile), TARGETS (the targets step's subset of 1,2,3,4,
+# steps that start one: train, replay, profile, and targets' fresh daemons, e.g.
+# DAEMON_ARGS="--replay-spin-slice-us 0" for an A/B of the executor's ring watch), TARGETS (the targets step's subset of 1,2,3,4,
 # default all; e.g. TARGETS=1, then TARGETS=2,3,4, where one run must stay under a time limit),
 # MPS=1 (run everything under NVIDIA MPS: starts nvidia-cuda-mps-control for the run, stops it
 # at the end).
@@ -122,8 +123,10 @@ for step in $steps; do
     targets) # issue 18's four targets as ratios (bench/targets18.py; fresh daemons of its own)
         (
             unset GRAPHD_ADDRESS
+            dargs=()
+            for w in ${DAEMON_ARGS:-}; do dargs+=("--daemon-arg=$w"); done
             run targets 600 "$PY" bench/targets18.py --graphd build/graphd \
-                --targets "${TARGETS:-1,2,3,4}" --json "$out/targets18.json"
+                --targets "${TARGETS:-1,2,3,4}" --json "$out/targets18.json" "${dargs[@]}"
         ) ;;
     shareprof) # issue 18's profile of benchmark 3 (fresh daemons of its own)
         (
