@@ -3,15 +3,35 @@ pages names a file of the repository, and a link's #anchor a heading of the page
 (GitHub's anchors: the heading in lower case, punctuation dropped, spaces as hyphens, "-1", "-2"
 for repeats)."""
 import re
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-PAGES = [REPO / "README.md"] + sorted((REPO / "docs").glob("*.md")) + [
-    p for p in sorted(REPO.glob("*/**/*.md"))  # the other pages: client/python, tests/ze_driver
-    if p.parent != REPO / "docs" and not p.relative_to(REPO).parts[0].startswith(("build", "."))]
+
+
+def other_pages():
+    """The repository's other pages (client/python, tests/ze_driver, ...): those git tracks or
+    would add (untracked, not ignored), so that a page in an ignored folder (a build, a
+    scratch copy) is not read; without git, every page outside build* and dot folders."""
+    try:
+        out = subprocess.run(["git", "-C", str(REPO), "ls-files", "-z", "--cached", "--others",
+                              "--exclude-standard", "--", "*.md"],
+                             capture_output=True, text=True, timeout=30)
+        names = out.stdout.split("\0") if out.returncode == 0 else None
+    except OSError:
+        names = None
+    if names is None:
+        found = [p for p in REPO.glob("*/**/*.md")
+                 if not p.relative_to(REPO).parts[0].startswith(("build", "."))]
+    else:
+        found = [REPO / n for n in names if n and "/" in n and (REPO / n).exists()]
+    return sorted(p for p in found if p.parent != REPO / "docs")
+
+
+PAGES = [REPO / "README.md"] + sorted((REPO / "docs").glob("*.md")) + other_pages()
 
 FENCE = re.compile(r"^(```|~~~)")
 CODE_SPAN = re.compile(r"(`+).*?\1")
@@ -113,3 +133,16 @@ def test_checker_finds_what_is_broken(tmp_path, monkeypatch):
 def test_relative_links_resolve(page):
     bad = broken_links(page)
     assert not bad, "links that go nowhere (fix the target or the heading):\n" + "\n".join(bad)
+
+
+def test_pages_in_ignored_folders_are_not_read():
+    """A page under a folder git ignores (here __pycache__) is no page of the repository: a
+    scratch copy or a fetched package there must not fail this file's checks."""
+    scratch = Path(__file__).resolve().parent / "__pycache__"
+    scratch.mkdir(exist_ok=True)
+    page = scratch / "graphd-test-ignored-page.md"
+    page.write_text("# not a page\n[gone](nowhere.md)\n")
+    try:
+        assert page not in other_pages()
+    finally:
+        page.unlink()
