@@ -438,6 +438,48 @@ static void an_idle_workers_thread_exits_and_the_next_job_brings_it_back(void **
     graphd_close(c);
 }
 
+/* ---- the harness itself ---------------------------------------------------------------- */
+
+#define READERS 8
+#define READS 2000
+
+typedef struct {
+    const harness_models_t *m;
+    int failed;
+} reader_t;
+
+static void *reader_main(void *arg)
+{
+    reader_t *r = arg;
+    for (int i = 0; i < READS; i++) {
+        size_t len = 0;
+        void *bytes = harness_models_read(r->m, "mlp.pt", &len);
+        r->failed += bytes == NULL || len == 0;
+        free(bytes);
+    }
+    return NULL;
+}
+
+/* The tests above read models from several threads at once (the loads of A's sessions): a
+ * model's path must not be shared between them. It was a static buffer, which snprintf empties
+ * before it writes: another thread's fopen then saw "" (ENOENT), and a load failed at random. */
+static void models_can_be_read_from_many_threads_at_once(void **state)
+{
+    harness_fixture_t *f = *state;
+    reader_t r[READERS];
+    pthread_t t[READERS];
+    for (int i = 0; i < READERS; i++) {
+        r[i] = (reader_t){.m = &f->m};
+        assert_int_equal(pthread_create(&t[i], NULL, reader_main, &r[i]), 0);
+    }
+    int failed = 0;
+    for (int i = 0; i < READERS; i++) {
+        pthread_join(t[i], NULL);
+        failed += r[i].failed;
+    }
+    assert_int_equal(failed, 0);
+}
+
 static int group_setup(void **state)
 {
     static harness_fixture_t f;
@@ -462,6 +504,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(another_uids_capture_and_replays_do_not_wait_for_a_stuck_capture),
         cmocka_unit_test(another_uids_capture_and_replays_do_not_wait_for_a_stuck_socket_replay),
         cmocka_unit_test(an_idle_workers_thread_exits_and_the_next_job_brings_it_back),
+        cmocka_unit_test(models_can_be_read_from_many_threads_at_once),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

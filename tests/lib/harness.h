@@ -142,7 +142,8 @@ int harness_fixture_group_setup(void **state);
 int harness_fixture_group_teardown(void **state);
 /* harness_models_ref of the fixture's models, failing the running cmocka test when missing. */
 const double *harness_fixture_ref(const harness_fixture_t *f, const char *key, size_t n);
-/* The path of a file in the models directory (a static buffer, overwritten by the next call). */
+/* The path of a file in the models directory (a buffer of the calling thread's, overwritten by
+ * its next call). */
 const char *harness_models_path(const harness_models_t *m, const char *name);
 /* The bytes of a file in the models directory (free them); NULL with a message on failure. */
 void *harness_models_read(const harness_models_t *m, const char *name, size_t *len);

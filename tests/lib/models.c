@@ -148,7 +148,9 @@ void harness_models_remove(harness_models_t *m)
 
 const char *harness_models_path(const harness_models_t *m, const char *name)
 {
-    static char path[HARNESS_PATH_MAX * 2];
+    /* One per thread: tests read models from several threads at once, and snprintf empties its
+     * buffer before it writes, so a shared one gave another thread's fopen "" now and then. */
+    static _Thread_local char path[HARNESS_PATH_MAX * 2];
     snprintf(path, sizeof(path), "%s/%s", m->dir, name);
     return path;
 }
