@@ -6,10 +6,11 @@
 # Usage, on the GPU machine in the project root, with .devdeps carried (see docs/BENCHMARKS.md):
 #   bench/run_gpu.sh OUTDIR [STEP...]
 # Environment: PYTESTS (the pytest paths, default tests/python), STEPS (training steps per mode,
-# default 200), PYTEST_LIMIT (seconds for the Python tests, default 420), SHARE_ARGS (more arguments for bench/share_gpu.py), PROFILE_SHAPES (default
-# "64,512,8 256,4096,8"), PYTHON (default python3), DAEMON_ARGS (more graphd options for the
-# steps that start one: train, replay, profile, and targets' fresh daemons, e.g.
-# DAEMON_ARGS="--replay-spin-slice-us 0" for an A/B of the executor's ring watch), TARGETS (the targets step's subset of 1,2,3,4,
+# default 200), PYTEST_LIMIT (seconds for the Python tests, default 420), SHARE_ARGS (more
+# arguments for bench/share_gpu.py), PROFILE_SHAPES (default "64,512,8 256,4096,8"), PYTHON
+# (default python3), DAEMON_ARGS (more graphd options for the steps that start one: train,
+# replay, profile, and targets' fresh daemons, e.g. DAEMON_ARGS="--replay-spin-slice-us 0" for
+# an A/B of the executor's ring watch), TARGETS (the targets step's subset of 1,2,3,4,
 # default all; e.g. TARGETS=1, then TARGETS=2,3,4, where one run must stay under a time limit),
 # MPS=1 (run everything under NVIDIA MPS: starts nvidia-cuda-mps-control for the run, stops it
 # at the end).
