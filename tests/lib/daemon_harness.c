@@ -11,6 +11,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <spawn.h>
 #include <stdio.h>
@@ -44,15 +45,15 @@ static void sleep_ms(int ms)
         ;
 }
 
-const char *harness_build_dir(void)
+static char build_dir[PATH_MAX];
+
+/* Fills build_dir once: the first callers may be several threads at once. */
+static void find_build_dir(void)
 {
-    static char dir[PATH_MAX];
-    if (dir[0] != '\0')
-        return dir;
     const char *env = getenv("GRAPHD_BUILD");
     if (env != NULL && env[0] != '\0') {
-        snprintf(dir, sizeof(dir), "%s", env);
-        return dir;
+        snprintf(build_dir, sizeof(build_dir), "%s", env);
+        return;
     }
     /* build/tests/integration/test_x ⇒ build */
     char exe[PATH_MAX];
@@ -68,12 +69,18 @@ const char *harness_build_dir(void)
         char probe[PATH_MAX + 16];
         snprintf(probe, sizeof(probe), "%s/graphd", exe);
         if (access(probe, X_OK) == 0) {
-            snprintf(dir, sizeof(dir), "%s", exe);
-            return dir;
+            snprintf(build_dir, sizeof(build_dir), "%s", exe);
+            return;
         }
     }
-    snprintf(dir, sizeof(dir), "build");
-    return dir;
+    snprintf(build_dir, sizeof(build_dir), "build");
+}
+
+const char *harness_build_dir(void)
+{
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, find_build_dir);
+    return build_dir;
 }
 
 static void remove_dir(const char *path)
