@@ -2050,8 +2050,8 @@ static bool rings_asleep(bool on)
  * before the loop's poll (0: no wait, a poll on every turn). Polling on every turn made the hot
  * loop a system call every microsecond for as long as training went on. Sockets and the channel
  * are polled every slice still (a frame or a daemon request waits at most that much longer while
- * the loop is hot). Whether this changes training throughput has not been measured apart from
- * the noise (docs/BENCHMARKS.md, issue 18's target 1, nineteenth session). */
+ * the loop is hot). 0 gave no gain over 20 µs in the step, the round trip or shared
+ * throughput, one run each (docs/BENCHMARKS.md, issue 18's targets, twenty-fifth session). */
 static void spin_on_rings(uint64_t hot_until)
 {
     if (X.args.spin_slice_us == 0 || X.nconns == 0 || IN.tail > IN.head)
