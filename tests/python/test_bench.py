@@ -4,8 +4,8 @@ mode, the order reversed every other round. The figures themselves are not judge
 machine's are noise, and benchmarks are not tests); what is checked is that each round has a
 window of each mode, in the order said, with every worker's steps counted. The step profile's
 host phases (bench/step_profile.py) are checked the same way, with a fake clock; targets18's
-target 2 and bench/step_spread.py (CUDA stood in) are run end to end, so that a mistake in them
-shows here rather than in scarce GPU time."""
+target 2, bench/step_spread.py (CUDA stood in) and bench/forward_ablation.py (on the CPU) are
+run end to end, so that a mistake in them shows here rather than in scarce GPU time."""
 import json
 import os
 import shutil
@@ -187,3 +187,19 @@ def test_step_spread_runs_end_to_end_with_cuda_stood_in(tmp_path):
         rows = [ln for ln in p.stdout.splitlines() if ln.strip().startswith(name)]
         assert len(rows) == 3, p.stdout
     assert "host own" in p.stdout and "sum" in p.stdout, p.stdout
+
+
+def test_forward_ablation_runs_its_modes_on_the_cpu_and_checks_its_lean_functions(tmp_path):
+    """bench/forward_ablation.py on graphd's CPU graphs (the session's daemon): a row per mode in
+    both tables; its lean Functions first pass its own bit-for-bit check against the client."""
+    p = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "forward_ablation.py"), "--device", "cpu",
+         "--shape", "8,16,2", "--rounds", "2", "--slices", "2", "--slice-s", "0.02",
+         "--synced-steps", "3"],
+        capture_output=True, text=True, timeout=120, env=dict(os.environ))
+    assert p.returncode == 0, p.stdout + p.stderr
+    for name in ("in-process", "in-process copy", "graphd", "graphd lean",
+                 "graphd lean + guards"):
+        rows = [ln for ln in p.stdout.splitlines() if ln.strip().startswith(name + "  ")]
+        assert len(rows) == 2, (name, p.stdout)
+        assert "ratios" in rows[0] and "zero_grad" in rows[1], p.stdout
