@@ -18,8 +18,9 @@ copy and a second in-process copy (the control):
   Correct only for this step (zero_grad(set_to_none=True) before each forward, one input, one
   output, nothing shared): it is a measuring stick, not a client.
 - graphd lean + guards: the lean Function plus graphd's guards, called as the client calls them
-  (the module check, the input's dtype, device and shape checks, the parameters' pointer check,
-  the protect cycle of handed-out gradients), without the client's layers.
+  (the module check, the input's dtype, device and shape checks, the parameters' pointer check;
+  the backward's hand-out of its gradients and the next forward's protect cycle over them),
+  without the client's layers.
 
 So: graphd - (lean + guards) is what the client's layers cost in a step (its Python frames,
 pytree, the lock and checks around the ctypes call); (lean + guards) - lean is what the guards
@@ -56,7 +57,7 @@ class _Lean(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, runner, guards, x, *params):
-        ctx.runner = runner
+        ctx.runner, ctx.guards = runner, guards
         s = runner.static
         static = s.inputs[0]
         if guards:
@@ -88,7 +89,11 @@ class _Lean(torch.autograd.Function):
             elif static.data_ptr() != grads[k].data_ptr():
                 static.copy_(grads[k])
         _replay(runner, _lib.PHASE_BACKWARD)
-        _, views = runner.grad_pairs(s)
+        pairs, views = runner.grad_pairs(s)
+        if ctx.guards:  # the hand-out that the next forward's protect cycle reads
+            runner.handed_out.extend(pairs)
+            if runner.external_grads:
+                runner.expose()
         return (None, None, None) + tuple(map(_DETACH, views))
 
 
