@@ -21,6 +21,9 @@ copy and a second in-process copy (the control):
   (the module check, the input's dtype, device and shape checks, the parameters' pointer check;
   the backward's hand-out of its gradients and the next forward's protect cycle over them),
   without the client's layers.
+- graphd lean + protect: the lean Function with the hand-out and protect cycle alone, of the
+  guards the one that only a device-resident step pays (its gradients left in the daemon's
+  graph mempool).
 
 So: graphd - (lean + guards) is what the client's layers cost in a step (its Python frames,
 pytree, the lock and checks around the ctypes call); (lean + guards) - lean is what the guards
@@ -29,7 +32,7 @@ CUDAGraph.replay(), the static tensors in the daemon's memory).
 
 Each mode's step is timed in alternated slices (ABC... then ...CBA), --rounds rounds, and after
 each slice --synced-steps steps each followed by a synchronisation, whose host time by phase is
-the host's own work a step (bench_models.timed_step). Ratios are to the in-process copy.
+the host's own work a step (bench_models.timed_step). Ratios are to "in-process".
 
 Usage (GPU machine, a graphd running; bench/run_gpu.sh's daemon or graphd --listen ...):
   GRAPHD_ADDRESS=unix:/path python3 bench/forward_ablation.py [--shape 64,512,8] [--rounds 3]
@@ -52,15 +55,19 @@ from graphd import graphs as ggraphs
 _DETACH = operator.methodcaller("detach")
 
 
+PROTECT, ALL = 1, 2
+
+
 class _Lean(torch.autograd.Function):
-    """The bare Function (module docstring). ctx.guards: run graphd's guards too."""
+    """The bare Function (module docstring). guards: 0 none, PROTECT the hand-out and protect
+    cycle alone, ALL every guard."""
 
     @staticmethod
     def forward(ctx, runner, guards, x, *params):
         ctx.runner, ctx.guards = runner, guards
         s = runner.static
         static = s.inputs[0]
-        if guards:
+        if guards == ALL:
             runner.check_module()
             if not ggraphs._same_tensor(static, x):
                 if x.dtype != static.dtype or x.device != static.device \
@@ -69,13 +76,14 @@ class _Lean(torch.autograd.Function):
                 static.copy_(x)
             if list(map(ggraphs._DATA_PTR, runner.module_params)) != s.param_ptrs:
                 raise RuntimeError("forward_ablation: a parameter moved")
+        elif static.data_ptr() != x.data_ptr():
+            static.copy_(x)
+        if guards:
             if ggraphs._EXPOSED:
                 for ref in list(ggraphs._EXPOSED.values()):
                     r = ref()
                     if r is not None:
                         r.protect()
-        elif static.data_ptr() != x.data_ptr():
-            static.copy_(x)
         _replay(runner, _lib.PHASE_FORWARD)
         return tuple(map(_DETACH, s.outputs))
 
@@ -150,8 +158,9 @@ def main():
     inproc1 = inproc(copy.deepcopy(base), (x.clone(),))
     gmod = graphd.make_graphed_callables(copy.deepcopy(base), (x.clone(),))
     tree_fwd = gmod.forward
-    forwards = {"graphd": tree_fwd, "graphd lean": lean_forward(gmod, False),
-                "graphd lean + guards": lean_forward(gmod, True)}
+    forwards = {"graphd": tree_fwd, "graphd lean": lean_forward(gmod, 0),
+                "graphd lean + protect": lean_forward(gmod, PROTECT),
+                "graphd lean + guards": lean_forward(gmod, ALL)}
     opts = {m: torch.optim.SGD(m.parameters(), lr=1e-3) for m in (inproc0, inproc1, gmod)}
     modes = [("in-process", inproc0, None), ("in-process copy", inproc1, None)]
     modes += [(name, gmod, fwd) for name, fwd in forwards.items()]

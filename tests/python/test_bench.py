@@ -199,7 +199,7 @@ def test_forward_ablation_runs_its_modes_on_the_cpu_and_checks_its_lean_function
         capture_output=True, text=True, timeout=120, env=dict(os.environ))
     assert p.returncode == 0, p.stdout + p.stderr
     for name in ("in-process", "in-process copy", "graphd", "graphd lean",
-                 "graphd lean + guards"):
+                 "graphd lean + protect", "graphd lean + guards"):
         rows = [ln for ln in p.stdout.splitlines() if ln.strip().startswith(name + "  ")]
         assert len(rows) == 2, (name, p.stdout)
         assert "ratios" in rows[0] and "zero_grad" in rows[1], p.stdout

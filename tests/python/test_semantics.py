@@ -162,6 +162,23 @@ def test_inputs_without_grad():
     assert not out.requires_grad
 
 
+def test_backward_with_create_graph_gives_grads_that_refuse_a_second_differentiation():
+    """As upstream's Graphed.backward (once_differentiable): under create_graph=True the
+    gradients come back, and differentiating them again raises, naming why. The usual backward
+    (grad mode off) skips that wrapper; this is the path that keeps it."""
+    torch.manual_seed(0)
+    m = nn.Linear(4, 3)
+    twin = copy.deepcopy(m)
+    x = torch.randn(5, 4)
+    g = graphd.make_graphed_callables(m, (x.clone(),))
+    (gw,) = torch.autograd.grad(g(x).pow(2).sum(), [m.weight], create_graph=True)
+    (ref,) = torch.autograd.grad(twin(x).pow(2).sum(), [twin.weight])
+    torch.testing.assert_close(gw.detach(), ref, **RT)
+    assert gw.requires_grad
+    with pytest.raises(RuntimeError, match="differentiate twice"):
+        gw.sum().backward()
+
+
 def test_static_input_passed_back():
     torch.manual_seed(0)
     m = gd_models.mlp()

@@ -100,6 +100,8 @@ _GRAD = operator.attrgetter("grad")
 _FIRST = operator.itemgetter(0)
 _DATA_PTR = torch.Tensor.data_ptr
 _DETACH = torch.Tensor.detach
+_FORWARD, _BACKWARD = _lib.PHASE_FORWARD, _lib.PHASE_BACKWARD
+_GRAD_ENABLED = torch.is_grad_enabled
 
 _HOOKS_MSG = ("Modules must not have hooks registered at the time they are passed. However, "
               "registering hooks on modules after passing them through make_graphed_callables "
@@ -333,10 +335,12 @@ class _Runner:
         self.forwards = 0
         self.backpropagated = 0
         self.out_spec = out_spec
+        self.leaf_out = _is_leaf(out_spec)  # one tensor out: __call__ returns it, no pytree
         self.no_grad_outputs = [k for k, rg in enumerate(static.output_requires_grad) if not rg]
         # Device-resident: the CUDA device whose current stream orders the replays.
         on_device = any(getattr(d, "on_device", 0) for d in graph.tensors)
         self.cuda_device = torch.device(graph.device) if on_device else None
+        self.device_index = self.cuda_device.index if on_device else None
         # GRAPHD_REPLAY_ORDER (README, "Settings"): "posted" (the default) and "events" are
         # libgraphd's; "sync" synchronises on the host here.
         self.host_sync = _lib.setting("GRAPHD_REPLAY_ORDER") == "sync"
@@ -359,7 +363,7 @@ class _Runner:
         tensors) and before the work queued next (reads of the outputs), with no host wait
         (GRAPHD_REPLAY_ORDER=sync: host synchronisation on both sides instead, for
         comparison). Host-staged and CPU graphs: the replay has finished when this returns."""
-        if phase == _lib.PHASE_FORWARD:
+        if phase == _FORWARD:
             if _EXPOSED:
                 for ref in list(_EXPOSED.values()):
                     runner = ref()
@@ -367,22 +371,32 @@ class _Runner:
                         runner.protect()
         elif self.handed_out:
             self.protect()
-        if phase == _lib.PHASE_BACKWARD and self.stale:
+        if phase == _BACKWARD and self.stale:
             self._reforward()
+        g = self.graph
         try:
-            if self.posted and not self.graph._lost:  # the usual step's path, fewest calls
-                g = self.graph
+            if self.posted and not g._lost:
+                # The usual step's path, twice a step: Client._post's body, here, for inside a
+                # step each Python frame costs several times what it costs in a loop of itself
+                # (bench/forward_ablation.py).
+                c = g._client
                 try:
-                    g._client._post(g._handle, phase, _RAW_STREAM(self.cuda_device.index))
+                    with c._lock:
+                        if c._closed or not c._h:
+                            c._check_open()
+                        rc = c._c_replay_stream(g._handle, phase, _RAW_STREAM(self.device_index),
+                                                c._replay_ns_ref)
+                        if rc != 0:
+                            raise c._fail(rc, "Replay failed")
                 except GraphdError as e:
                     recovery.failed(g, e)  # raises, Recovered where the session was restored
             else:
                 self._replay(phase, "raise")
         except recovery.Recovered:  # the daemon was restarted: retried once, on the new graph
-            if phase == _lib.PHASE_BACKWARD and self.stale:
+            if phase == _BACKWARD and self.stale:
                 self._reforward()
             self._replay(phase, False)
-        if phase == _lib.PHASE_FORWARD:
+        if phase == _FORWARD:
             self.stale = False
 
     def _replay(self, phase, recover):
@@ -526,7 +540,18 @@ class _Runner:
             raise TypeError("graphd: the graphed callable was captured with %d tensor args, "
                             "got %d" % (self.n_args, len(flat)))
         out = _Graphed.apply(self, *(flat + self.autograd_params))
+        if self.leaf_out:
+            return out[0]
         return tree_unflatten(list(out), self.out_spec)
+
+
+def _is_leaf(spec):
+    """True when spec (tree_flatten's) is one bare leaf: the callable returns one tensor."""
+    leaf = object()
+    try:
+        return tree_unflatten([leaf], spec) is leaf
+    except Exception:  # not one leaf
+        return False
 
 
 def _converted(what, t, static):
@@ -571,7 +596,7 @@ class _Graphed(torch.autograd.Function):
         # Only the user args may be new tensors; parameters are the static tensors unless the
         # same Parameter is shared with another graphed callable (or was rebound since).
         for k, (static, x) in enumerate(zip(s.inputs, inputs)):
-            if not _same_tensor(static, x):
+            if static.data_ptr() != x.data_ptr() or not _same_tensor(static, x):
                 if x.dtype != static.dtype:  # copy_ would cast it silently
                     raise RuntimeError(
                         "graphd: arg %d has dtype %s, but the callable was captured with %s; "
@@ -602,7 +627,7 @@ class _Graphed(torch.autograd.Function):
             static.copy_(b)
         if runner.rng is not None:
             runner.rng.before()
-        runner.replay(_lib.PHASE_FORWARD)
+        runner.replay(_FORWARD)
         if runner.rng is not None:
             runner.rng.after()
         runner.forwards += 1
@@ -616,47 +641,65 @@ class _Graphed(torch.autograd.Function):
         return outs
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx, *grads):
-        runner = ctx.runner
-        s = runner.static
-        if ctx.forward != runner.forwards:
-            raise make_error("FAILED_PRECONDITION", _BACKWARD_STALE)
-        if runner.backpropagated == ctx.forward:
-            raise make_error("FAILED_PRECONDITION", _BACKWARD_TWICE)
-        runner.backpropagated = ctx.forward
-        need = ctx.needs_input_grad
-        for k, static in s.grad_outputs.items():
-            grad = grads[k]
-            if grad is None:
-                static.zero_()
-            elif not _same_tensor(static, grad):
-                static.copy_(grad)
-        runner.replay(_lib.PHASE_BACKWARD)
-        s = runner.static  # captured anew if the daemon was restarted under the replay
+        # The engine runs a backward with grad mode off, but under create_graph=True; then, as
+        # upstream's, through once_differentiable, whose outputs raise when differentiated. With
+        # grad mode off its torch.no_grad() would change nothing and cost the step several
+        # Python frames (bench/forward_ablation.py).
+        if _GRAD_ENABLED():
+            return _backward_once(ctx, *grads)
+        return _backward(ctx, *grads)
+
+
+def _backward(ctx, *grads):
+    """_Graphed.backward's work: the incoming gradients into the static ones, the BACKWARD
+    replay, and the static gradients handed out (user args' as clones, parameters' as detached
+    views)."""
+    runner = ctx.runner
+    s = runner.static
+    if ctx.forward != runner.forwards:
+        raise make_error("FAILED_PRECONDITION", _BACKWARD_STALE)
+    if runner.backpropagated == ctx.forward:
+        raise make_error("FAILED_PRECONDITION", _BACKWARD_TWICE)
+    runner.backpropagated = ctx.forward
+    need = ctx.needs_input_grad
+    for k, static in s.grad_outputs.items():
+        grad = grads[k]
+        if grad is None:
+            static.zero_()
+        elif static.data_ptr() != grad.data_ptr() or not _same_tensor(static, grad):
+            static.copy_(grad)
+    runner.replay(_BACKWARD)
+    s = runner.static  # captured anew if the daemon was restarted under the replay
+    base = 1 + runner.n_args
+    if any(need[1:base]):  # an arg that wants its gradient (else: None for the runner and each)
         result = [None]  # the runner
         for k in range(runner.n_args):
             g = s.grad_inputs.get(k)
             if (_lib.ROLE_GRAD_INPUT, k) in s.absent:
                 g = None
             result.append(g.clone() if g is not None and need[1 + k] else None)
-        # The Function's parameter inputs (grad_params: none is absent, a frozen one has no
-        # static gradient). AccumulateGrad takes a detached view as param.grad, with no copy.
-        pairs, views = runner.grad_pairs(s)
-        base = 1 + runner.n_args
-        if pairs is not None and all(need[base:]):  # the usual step: every one wants its grad
-            runner.handed_out.extend(pairs)
-            result.extend(map(_DETACH, views))
-        else:
-            for j, k in enumerate(runner.grad_params):
-                g = s.param_grads.get(k) if need[base + j] else None
-                if g is not None:
-                    runner.handed_out.append((runner.module_params[k], g))
-                    g = g.detach()
-                result.append(g)
-        if runner.external_grads and runner.handed_out:
-            runner.expose()
-        return tuple(result)
+    else:
+        result = [None] * base
+    # The Function's parameter inputs (grad_params: none is absent, a frozen one has no
+    # static gradient). AccumulateGrad takes a detached view as param.grad, with no copy.
+    pairs, views = runner.grad_pairs(s)
+    if pairs is not None and all(need[base:]):  # the usual step: every one wants its grad
+        runner.handed_out.extend(pairs)
+        result.extend(map(_DETACH, views))
+    else:
+        for j, k in enumerate(runner.grad_params):
+            g = s.param_grads.get(k) if need[base + j] else None
+            if g is not None:
+                runner.handed_out.append((runner.module_params[k], g))
+                g = g.detach()
+            result.append(g)
+    if runner.external_grads and runner.handed_out:
+        runner.expose()
+    return tuple(result)
+
+
+_backward_once = torch.autograd.function.once_differentiable(_backward)
 
 
 def _resolve_pool(client, pool, device):
