@@ -23,7 +23,8 @@ copy and a second in-process copy (the control):
   without the client's layers.
 - graphd lean + protect: the lean Function with the hand-out and protect cycle alone, of the
   guards the one that only a device-resident step pays (its gradients left in the daemon's
-  graph mempool).
+  graph mempool). --guards-apart adds the lean Function with each other guard alone: the module
+  check, the input checks, the parameters' pointer check.
 
 So: graphd - (lean + guards) is what the client's layers cost in a step (its Python frames,
 pytree, the lock and checks around the ctypes call); (lean + guards) - lean is what the guards
@@ -55,30 +56,34 @@ from graphd import graphs as ggraphs
 _DETACH = operator.methodcaller("detach")
 
 
-PROTECT, ALL = 1, 2
+# The guards, as bits of _Lean's guards argument: the hand-out and protect cycle, the module
+# check, the input's checks, the parameters' pointer check.
+PROTECT, MODULE, INPUT, PARAMS = 1, 2, 4, 8
+ALL = PROTECT | MODULE | INPUT | PARAMS
 
 
 class _Lean(torch.autograd.Function):
-    """The bare Function (module docstring). guards: 0 none, PROTECT the hand-out and protect
-    cycle alone, ALL every guard."""
+    """The bare Function (module docstring), with the guards whose bits are set in guards."""
 
     @staticmethod
     def forward(ctx, runner, guards, x, *params):
         ctx.runner, ctx.guards = runner, guards
         s = runner.static
         static = s.inputs[0]
-        if guards == ALL:
+        if guards & MODULE:
             runner.check_module()
+        if guards & INPUT:
             if not ggraphs._same_tensor(static, x):
                 if x.dtype != static.dtype or x.device != static.device \
                         or x.shape != static.shape:
                     raise RuntimeError("forward_ablation: the input does not match")
                 static.copy_(x)
-            if list(map(ggraphs._DATA_PTR, runner.module_params)) != s.param_ptrs:
-                raise RuntimeError("forward_ablation: a parameter moved")
         elif static.data_ptr() != x.data_ptr():
             static.copy_(x)
-        if guards:
+        if guards & PARAMS:
+            if list(map(ggraphs._DATA_PTR, runner.module_params)) != s.param_ptrs:
+                raise RuntimeError("forward_ablation: a parameter moved")
+        if guards & PROTECT:
             if ggraphs._EXPOSED:
                 for ref in list(ggraphs._EXPOSED.values()):
                     r = ref()
@@ -98,7 +103,7 @@ class _Lean(torch.autograd.Function):
                 static.copy_(grads[k])
         _replay(runner, _lib.PHASE_BACKWARD)
         pairs, views = runner.grad_pairs(s)
-        if ctx.guards:  # the hand-out that the next forward's protect cycle reads
+        if ctx.guards & PROTECT:  # the hand-out that the next forward's protect cycle reads
             runner.handed_out.extend(pairs)
             if runner.external_grads:
                 runner.expose()
@@ -143,6 +148,9 @@ def main():
                     help="synchronised steps after each slice, for the host's own work")
     ap.add_argument("--device", choices=("cuda", "cpu"), default=None,
                     help="default: cuda where there is one")
+    ap.add_argument("--guards-apart", action="store_true",
+                    help="also the lean Function with each other guard alone (module check, "
+                    "input checks, parameters' pointers)")
     a = ap.parse_args()
     dev = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if dev == "cuda":
@@ -159,8 +167,12 @@ def main():
     gmod = graphd.make_graphed_callables(copy.deepcopy(base), (x.clone(),))
     tree_fwd = gmod.forward
     forwards = {"graphd": tree_fwd, "graphd lean": lean_forward(gmod, 0),
-                "graphd lean + protect": lean_forward(gmod, PROTECT),
-                "graphd lean + guards": lean_forward(gmod, ALL)}
+                "graphd lean + protect": lean_forward(gmod, PROTECT)}
+    if a.guards_apart:
+        forwards.update({"graphd lean + module check": lean_forward(gmod, MODULE),
+                         "graphd lean + input checks": lean_forward(gmod, INPUT),
+                         "graphd lean + param ptrs": lean_forward(gmod, PARAMS)})
+    forwards["graphd lean + guards"] = lean_forward(gmod, ALL)
     opts = {m: torch.optim.SGD(m.parameters(), lr=1e-3) for m in (inproc0, inproc1, gmod)}
     modes = [("in-process", inproc0, None), ("in-process copy", inproc1, None)]
     modes += [(name, gmod, fwd) for name, fwd in forwards.items()]
@@ -220,13 +232,13 @@ def main():
     steps_synced = a.synced_steps * a.slices * a.rounds
     for name in names:
         means = round_means(name)
-        print("  %-22s %s   ratios %s   host own %7.1f" % (
+        print("  %-28s %s   ratios %s   host own %7.1f" % (
             name, " ".join("%7.1f" % m for m in means),
             " ".join("%.3f" % (m / q) for m, q in zip(means, ref)),
             sum(own[name]) / steps_synced / 1e3))
     print("host's own work by phase, µs a synchronised step")
     for name in names:
-        print("  %-22s %s" % (name, "  ".join("%s %6.1f" % (p, v / steps_synced / 1e3)
+        print("  %-28s %s" % (name, "  ".join("%s %6.1f" % (p, v / steps_synced / 1e3)
                                               for p, v in zip(PHASES, own[name]))))
     return 0
 

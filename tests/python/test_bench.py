@@ -195,11 +195,12 @@ def test_forward_ablation_runs_its_modes_on_the_cpu_and_checks_its_lean_function
     p = subprocess.run(
         [sys.executable, str(REPO / "bench" / "forward_ablation.py"), "--device", "cpu",
          "--shape", "8,16,2", "--rounds", "2", "--slices", "2", "--slice-s", "0.02",
-         "--synced-steps", "3"],
+         "--synced-steps", "3", "--guards-apart"],
         capture_output=True, text=True, timeout=120, env=dict(os.environ))
     assert p.returncode == 0, p.stdout + p.stderr
     for name in ("in-process", "in-process copy", "graphd", "graphd lean",
-                 "graphd lean + protect", "graphd lean + guards"):
+                 "graphd lean + protect", "graphd lean + module check",
+                 "graphd lean + input checks", "graphd lean + param ptrs", "graphd lean + guards"):
         rows = [ln for ln in p.stdout.splitlines() if ln.strip().startswith(name + "  ")]
         assert len(rows) == 2, (name, p.stdout)
         assert "ratios" in rows[0] and "zero_grad" in rows[1], p.stdout
