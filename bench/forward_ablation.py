@@ -42,7 +42,6 @@ judged; the lean Function then replays by the synchronous REPLAY frame).
 """
 import argparse
 import copy
-import operator
 import sys
 
 import torch
@@ -53,8 +52,7 @@ from bench_models import PHASES, mlp, synced_steps, timed  # bench/, the script'
 from graphd import _lib
 from graphd import graphs as ggraphs
 
-_DETACH = operator.methodcaller("detach")
-
+_DETACH = ggraphs._DETACH
 
 # The guards, as bits of _Lean's guards argument: the hand-out and protect cycle, the module
 # check, the input's checks, the parameters' pointer check.

@@ -587,8 +587,9 @@ class Client:
 
     def _post(self, handle, phase, stream):
         """A stream-ordered replay (phase an int, stream a cudaStream_t as int): a
-        device-resident graph's, twice in every training step, which _Runner.replay calls
-        straight. Returns what the daemon reports as its launch time (0 when posted)."""
+        device-resident graph's. _Runner.replay, which issues one twice in every training step,
+        carries this body inline (graphs.py): a change here goes there too. Returns what the
+        daemon reports as its launch time (0 when posted)."""
         with self._lock:
             if self._closed or not self._h:
                 self._check_open()

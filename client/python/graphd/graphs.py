@@ -352,7 +352,7 @@ class _Runner:
         self.ref = weakref.ref(self, functools.partial(_unexpose, id(self)))
         self.rng = _Rng(static.rng, self.cuda_device) if static.rng is not None else None
         # Device-resident replays ordered on the current stream by libgraphd (posted or by
-        # events): replay() calls Client._post straight.
+        # events): replay() issues them itself, with Client._post's body inline.
         self.posted = (self.cuda_device is not None and not self.host_sync
                        and _RAW_STREAM is not None)
 
