@@ -21,6 +21,9 @@ copy and a second in-process copy (the control):
   (the module check, the input's dtype, device and shape checks, the parameters' pointer check;
   the backward's hand-out of its gradients and the next forward's protect cycle over them),
   without the client's layers.
+- graphd lean, C apply: the lean Function called through torch's C apply, without
+  Function.apply's Python layers (since torch 2.0: dead functorch wrappers unwrapped among all
+  the args, then the C apply; on torch 1.x the two are one).
 - graphd lean + protect: the lean Function with the hand-out and protect cycle alone, of the
   guards the one that only a device-resident step pays (its gradients left in the daemon's
   graph mempool). --guards-apart adds the lean Function with each other guard alone: the module
@@ -120,10 +123,13 @@ def _replay(runner, phase):
         raise c._fail(rc, "Replay failed")
 
 
-def lean_forward(module, guards):
+def lean_forward(module, guards, c_apply=False):
     """A forward for module (graphd's graphed module) through _Lean, dispatched as the client's
-    new_fwd is (the training-state check, then the call)."""
+    new_fwd is (the training-state check, then the call). c_apply: through torch's C apply
+    straight, not Function.apply (a Python classmethod since torch 2.0, around the same)."""
     runner = module._graphd_runner
+    apply = torch._C._FunctionBase.__dict__["apply"].__get__(None, _Lean) if c_apply \
+        else _Lean.apply
     params = runner.autograd_params
     state = module.training
     if len(runner.static.inputs) != 1 or len(runner.static.outputs) != 1:
@@ -131,7 +137,7 @@ def lean_forward(module, guards):
 
     def new_fwd(x):
         if module.training == state:
-            return _Lean.apply(runner, guards, x, *params)[0]
+            return apply(runner, guards, x, *params)[0]
         raise RuntimeError("forward_ablation: the module's training state changed")
     return new_fwd
 
@@ -165,6 +171,7 @@ def main():
     gmod = graphd.make_graphed_callables(copy.deepcopy(base), (x.clone(),))
     tree_fwd = gmod.forward
     forwards = {"graphd": tree_fwd, "graphd lean": lean_forward(gmod, 0),
+                "graphd lean, C apply": lean_forward(gmod, 0, c_apply=True),
                 "graphd lean + protect": lean_forward(gmod, PROTECT)}
     if a.guards_apart:
         forwards.update({"graphd lean + module check": lean_forward(gmod, MODULE),

@@ -198,7 +198,7 @@ def test_forward_ablation_runs_its_modes_on_the_cpu_and_checks_its_lean_function
          "--synced-steps", "3", "--guards-apart"],
         capture_output=True, text=True, timeout=120, env=dict(os.environ))
     assert p.returncode == 0, p.stdout + p.stderr
-    for name in ("in-process", "in-process copy", "graphd", "graphd lean",
+    for name in ("in-process", "in-process copy", "graphd", "graphd lean", "graphd lean, C apply",
                  "graphd lean + protect", "graphd lean + module check",
                  "graphd lean + input checks", "graphd lean + param ptrs", "graphd lean + guards"):
         rows = [ln for ln in p.stdout.splitlines() if ln.strip().startswith(name + "  ")]
