@@ -37,6 +37,8 @@ CUDAGraph.replay(), the static tensors in the daemon's memory).
 Each mode's step is timed in alternated slices (ABC... then ...CBA), --rounds rounds, and after
 each slice --synced-steps steps each followed by a synchronisation, whose host time by phase is
 the host's own work a step (bench_models.timed_step). Ratios are to "in-process".
+--opcodes also counts the Python calls and opcodes of one forward of each mode (sys.settrace):
+the times move with the host, these counts do not.
 
 Usage (GPU machine, a graphd running; bench/run_gpu.sh's daemon or graphd --listen ...):
   GRAPHD_ADDRESS=unix:/path python3 bench/forward_ablation.py [--shape 64,512,8] [--rounds 3]
@@ -155,6 +157,9 @@ def main():
     ap.add_argument("--guards-apart", action="store_true",
                     help="also the lean Function with each other guard alone (module check, "
                     "input checks, parameters' pointers)")
+    ap.add_argument("--opcodes", action="store_true",
+                    help="also count the Python calls and opcodes of one forward of each mode "
+                    "(sys.settrace; the forward runs on this thread, the backward may not)")
     a = ap.parse_args()
     dev = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if dev == "cuda":
@@ -210,6 +215,8 @@ def main():
         use(model, fwd)
         for _ in range(30):
             step(model)
+    counted = {name: count_forward(model, fwd, use, opts[model], x, y)
+               for name, model, fwd in modes} if a.opcodes else None
     sync()
     names = [m[0] for m in modes]
     per_slice = {n: [] for n in names}  # (round, µs a step)
@@ -245,7 +252,35 @@ def main():
     for name in names:
         print("  %-28s %s" % (name, "  ".join("%s %6.1f" % (p, v / steps_synced / 1e3)
                                               for p, v in zip(PHASES, own[name]))))
+    if counted:
+        print("Python calls and opcodes in one forward (sys.settrace, this thread; deterministic, "
+              "unlike the times: what each mode's forward runs in Python)")
+        for name in names:
+            print("  %-28s calls %4d   opcodes %5d" % ((name,) + counted[name]))
     return 0
+
+
+def count_forward(model, fwd, use, opt, x, y):
+    """(Python calls, opcodes) of one forward of model through fwd, inside a whole step (zero_grad
+    before, the backward after, untraced)."""
+    n = [0, 0]
+
+    def tracer(frame, event, arg):
+        if event == "call":
+            n[0] += 1
+            frame.f_trace_opcodes = True
+        elif event == "opcode":
+            n[1] += 1
+        return tracer
+    use(model, fwd)
+    opt.zero_grad(set_to_none=True)
+    sys.settrace(tracer)
+    try:
+        out = model(x)
+    finally:
+        sys.settrace(None)
+    nn.functional.mse_loss(out, y).backward()
+    return tuple(n)
 
 
 if __name__ == "__main__":

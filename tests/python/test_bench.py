@@ -191,16 +191,23 @@ def test_step_spread_runs_end_to_end_with_cuda_stood_in(tmp_path):
 
 def test_forward_ablation_runs_its_modes_on_the_cpu_and_checks_its_lean_functions(tmp_path):
     """bench/forward_ablation.py on graphd's CPU graphs (the session's daemon): a row per mode in
-    both tables; its lean Functions first pass its own bit-for-bit check against the client."""
+    its three tables; its lean Functions first pass its own bit-for-bit check against the
+    client, and --opcodes counts fewer opcodes for the lean Function than for the client."""
     p = subprocess.run(
         [sys.executable, str(REPO / "bench" / "forward_ablation.py"), "--device", "cpu",
          "--shape", "8,16,2", "--rounds", "2", "--slices", "2", "--slice-s", "0.02",
-         "--synced-steps", "3", "--guards-apart"],
+         "--synced-steps", "3", "--guards-apart", "--opcodes"],
         capture_output=True, text=True, timeout=120, env=dict(os.environ))
     assert p.returncode == 0, p.stdout + p.stderr
+    counts = {}
     for name in ("in-process", "in-process copy", "graphd", "graphd lean", "graphd lean, C apply",
                  "graphd lean + protect", "graphd lean + module check",
                  "graphd lean + input checks", "graphd lean + param ptrs", "graphd lean + guards"):
         rows = [ln for ln in p.stdout.splitlines() if ln.strip().startswith(name + "  ")]
-        assert len(rows) == 2, (name, p.stdout)
+        assert len(rows) == 3, (name, p.stdout)
         assert "ratios" in rows[0] and "zero_grad" in rows[1], p.stdout
+        assert int(rows[2].split("calls")[1].split()[0]) >= 1, p.stdout
+        counts[name] = int(rows[2].split("opcodes")[1])
+    # The lean Function runs fewer opcodes than the client it strips down, and the guards add
+    # some; on the CPU the in-process model is the eager one, not counted against either.
+    assert counts["graphd lean"] < counts["graphd lean + guards"] < counts["graphd"], p.stdout
