@@ -6,6 +6,7 @@ it; stopped with SIGTERM at the end, which must exit 0.
 tests/run_tests.sh runs these with PYTHONPATH=client/python and GRAPHD_BUILD set; from the source
 tree, `PYTHONPATH=client/python /usr/bin/python3 -m pytest -q tests/python` does the same.
 """
+import contextlib
 import gc
 import os
 import signal
@@ -67,6 +68,96 @@ def wait_answering(proc, address, timeout):
         except graphd.GraphdError:
             return False
     return wait_for(answers, timeout)
+
+
+@contextlib.contextmanager
+def fresh_daemon(tmp_path, tag):
+    """A graphd of its own on a socket in tmp_path (so fresh executors for this uid),
+    started with this process's environment and the options in GRAPHD_TEST_DAEMON_ARGS (split
+    on spaces; e.g. "--executor-cuda-queues 8" to see the held-session test fail without its
+    fix); yields its address. On the way out it is stopped, and an exit code other than 0 fails
+    the test with the end of its log."""
+    sock = tmp_path / ("graphd-%s.sock" % tag)
+    log = tmp_path / ("graphd-%s.log" % tag)
+    address = "unix:%s" % sock
+    with open(log, "w") as out:
+        daemon = subprocess.Popen([str(BUILD / "graphd"), "--config", "/dev/null",
+                                   "--listen", address]
+                                  + os.environ.get("GRAPHD_TEST_DAEMON_ARGS", "").split(),
+                                  stdout=out, stderr=subprocess.STDOUT)
+    try:
+        assert wait_answering(daemon, address, 20) and daemon.poll() is None, log.read_text()
+        yield address
+    finally:
+        daemon.terminate()
+        try:
+            rc = daemon.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            daemon.kill()
+            rc = daemon.wait()
+    assert rc == 0, "graphd (%s) exited with %s: %s" % (tag, rc, log.read_text()[-2000:])
+
+
+def start_workers(script, args, address):
+    """One Python process per element of args running script with it, on the daemon at address,
+    each read until it prints its 'ready' line."""
+    env = dict(os.environ, GRAPHD_ADDRESS=address)
+    procs = [subprocess.Popen([sys.executable, str(script)] + [str(a) for a in arg], text=True,
+                              env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE)
+             for arg in args]
+    try:
+        for arg, p in zip(args, procs):
+            line = p.stdout.readline()
+            if not line.startswith("ready"):
+                try:
+                    p.wait(timeout=10)  # its stderr is whole once it has exited
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
+                raise AssertionError("worker %s printed %r, not ready (exit %s): %s" % (
+                    arg, line, p.returncode, p.stderr.read()[-3000:]))
+    except BaseException:
+        kill_all(procs)
+        raise
+    return procs
+
+
+def tell(p, line):
+    p.stdin.write(line + "\n")
+    p.stdin.flush()
+
+
+def kill_all(procs):
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
+def capture_at_once(tmp_path, device, procs, rounds, timeout=300):
+    """A torchrun-like start (issue 18), rounds times, each against a fresh daemon: procs
+    processes of this uid (tests/python/concurrent_worker.py) build their models on device, wait
+    at a barrier, then all capture at the same moment, every capture queued on the one executor
+    of this uid and device that the first of them starts, and train 20 steps each against an
+    eager twin, their replays interleaved with the others' captures. Returns the failures, one
+    line each (round, process, exit code, the end of its stderr)."""
+    script = Path(__file__).resolve().parent / "concurrent_worker.py"
+    failures = []
+    for rnd in range(rounds):
+        with fresh_daemon(tmp_path, "%s-%d" % (device, rnd)) as address:
+            workers = start_workers(script, [[r, device] for r in range(procs)], address)
+            try:
+                for p in workers:
+                    tell(p, "go")
+                for r, p in enumerate(workers):
+                    out, err = p.communicate(timeout=timeout)
+                    if p.returncode != 0 or "done ok" not in out:
+                        failures.append("round %d process %d (exit %s): %s" % (
+                            rnd, r, p.returncode, err.strip().splitlines()[-3:]))
+            finally:
+                kill_all(workers)
+    return failures
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -4,7 +4,6 @@ parameters to the device and outputs and grads back. Device-resident sessions, w
 and its tensors are on cuda:0 and the static tensors are the daemon's device memory mapped here
 with CUDA IPC. Skipped unless the daemon lists cuda:0 (CI has no GPU; these run on the GPU machine,
 see docs/BENCHMARKS.md)."""
-import contextlib
 import copy
 import ctypes
 import os
@@ -16,6 +15,7 @@ import torch
 import torch.nn as nn
 
 import graphd
+from conftest import capture_at_once, fresh_daemon, kill_all, start_workers, tell
 
 
 @pytest.fixture(autouse=True)
@@ -752,138 +752,21 @@ def test_cuda_executors_run_under_landlock_and_seccomp():
 
 # ---- many processes capturing at once (issue 18)
 
-CONCURRENT_WORKER = r'''
-import copy, sys
-import torch, torch.nn as nn
-import graphd
-
-rank = int(sys.argv[1])
-torch.manual_seed(rank)
-layers = []
-for i in range(3):
-    layers += [nn.Linear(64, 64)] + ([nn.ReLU()] if i < 2 else [])
-eager = nn.Sequential(*layers).cuda()
-model = copy.deepcopy(eager)
-x = torch.randn(16, 64, device="cuda")
-y = torch.randn(16, 64, device="cuda")
-torch.cuda.synchronize()
-print("ready", flush=True)
-sys.stdin.readline()  # the barrier: every process captures at the same time
-g = graphd.make_graphed_callables(model, (x.clone(),))
-opt_e = torch.optim.SGD(eager.parameters(), lr=0.05)
-opt_g = torch.optim.SGD(model.parameters(), lr=0.05)
-for m, opt, out in ((eager, opt_e, []), (g, opt_g, [])):
-    for _ in range(20):
-        opt.zero_grad(set_to_none=True)
-        loss = nn.functional.mse_loss(m(x), y)
-        loss.backward()
-        opt.step()
-        out.append(loss.item())
-    if m is eager:
-        ref = out
-    else:
-        got = out
-torch.testing.assert_close(torch.tensor(got), torch.tensor(ref), rtol=1e-4, atol=1e-5)
-print("done ok", flush=True)
-'''
-
 CONCURRENT_PROCS = 16
 CONCURRENT_ROUNDS = 10
 
 
-@contextlib.contextmanager
-def fresh_daemon(tmp_path, tag):
-    """A graphd of its own on a socket in tmp_path (so a fresh executor for this uid and cuda:0),
-    started with this process's environment and the options in GRAPHD_TEST_DAEMON_ARGS (split
-    on spaces; e.g. "--executor-cuda-queues 8" to see the held-session test fail without its
-    fix); yields its address. On the way out it is stopped, and an exit code other than 0 fails
-    the test with the end of its log."""
-    from conftest import BUILD, wait_answering
-
-    sock = tmp_path / ("graphd-%s.sock" % tag)
-    log = tmp_path / ("graphd-%s.log" % tag)
-    address = "unix:%s" % sock
-    with open(log, "w") as out:
-        daemon = subprocess.Popen([str(BUILD / "graphd"), "--config", "/dev/null",
-                                   "--listen", address]
-                                  + os.environ.get("GRAPHD_TEST_DAEMON_ARGS", "").split(),
-                                  stdout=out, stderr=subprocess.STDOUT)
-    try:
-        assert wait_answering(daemon, address, 20) and daemon.poll() is None, log.read_text()
-        yield address
-    finally:
-        daemon.terminate()
-        try:
-            rc = daemon.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            daemon.kill()
-            rc = daemon.wait()
-    assert rc == 0, "graphd (%s) exited with %s: %s" % (tag, rc, log.read_text()[-2000:])
-
-
-def start_workers(script, args, address):
-    """One Python process per element of args running script with it, on the daemon at address,
-    each read until it prints its 'ready' line."""
-    env = dict(os.environ, GRAPHD_ADDRESS=address)
-    procs = [subprocess.Popen([sys.executable, str(script)] + [str(a) for a in arg], text=True,
-                              env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE)
-             for arg in args]
-    try:
-        for arg, p in zip(args, procs):
-            line = p.stdout.readline()
-            if not line.startswith("ready"):
-                try:
-                    p.wait(timeout=10)  # its stderr is whole once it has exited
-                except subprocess.TimeoutExpired:
-                    p.kill()
-                    p.wait()
-                raise AssertionError("worker %s printed %r, not ready (exit %s): %s" % (
-                    arg, line, p.returncode, p.stderr.read()[-3000:]))
-    except BaseException:
-        kill_all(procs)
-        raise
-    return procs
-
-
-def tell(p, line):
-    p.stdin.write(line + "\n")
-    p.stdin.flush()
-
-
-def kill_all(procs):
-    for p in procs:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
-
-
 def test_many_processes_capture_and_replay_at_once_against_a_fresh_daemon(tmp_path):
-    """A torchrun-like start (issue 18): CONCURRENT_PROCS processes of one uid capture
-    device-resident graphs at the same moment against a daemon that has just started (no
-    executor yet, every capture queued on the one executor of this uid and cuda:0), then train
-    20 steps each, with their replays interleaved with the others' captures; CONCURRENT_ROUNDS
-    rounds, each with a fresh daemon, and no failure allowed in any. One H200 round of eight
-    under MPS had a Capture fail with DEADLINE_EXCEEDED while captures and warm-ups synchronised
-    the whole device, whose streams included other sessions' posted replays waiting for their
-    clients' counters."""
+    """A torchrun-like start (issue 18; conftest's capture_at_once): CONCURRENT_PROCS processes
+    of one uid capture device-resident graphs at the same moment against a daemon that has just
+    started (no executor yet, every capture queued on the one executor of this uid and cuda:0),
+    then train 20 steps each, with their replays interleaved with the others' captures;
+    CONCURRENT_ROUNDS rounds, each with a fresh daemon, and no failure allowed in any. One H200
+    round of eight under MPS had a Capture fail with DEADLINE_EXCEEDED while captures and
+    warm-ups synchronised the whole device, whose streams included other sessions' posted
+    replays waiting for their clients' counters."""
     _need_cuda_here()
-    script = tmp_path / "concurrent_worker.py"
-    script.write_text(CONCURRENT_WORKER)
-    failures = []
-    for rnd in range(CONCURRENT_ROUNDS):
-        with fresh_daemon(tmp_path, str(rnd)) as address:
-            procs = start_workers(script, [[r] for r in range(CONCURRENT_PROCS)], address)
-            try:
-                for p in procs:
-                    tell(p, "go")
-                for r, p in enumerate(procs):
-                    out, err = p.communicate(timeout=300)
-                    if p.returncode != 0 or "done ok" not in out:
-                        failures.append("round %d process %d (exit %s): %s" % (
-                            rnd, r, p.returncode, err.strip().splitlines()[-3:]))
-            finally:
-                kill_all(procs)
+    failures = capture_at_once(tmp_path, "cuda", CONCURRENT_PROCS, CONCURRENT_ROUNDS)
     assert not failures, "\n".join(failures)
 
 

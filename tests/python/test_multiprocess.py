@@ -1,6 +1,7 @@
-"""Several training processes on one daemon: a shared pool, and a process killed mid-training.
-Each process is tests/python/trainer.py under /usr/bin/python3 (the interpreter running the
-tests), which checks its own graphd run against an eager twin."""
+"""Several training processes on one daemon: a shared pool, a process killed mid-training, and
+eight capturing at once against a fresh daemon. Each process is tests/python/trainer.py (the
+last test's, concurrent_worker.py) under /usr/bin/python3 (the interpreter running the tests),
+which checks its own graphd run against an eager twin."""
 import os
 import queue
 import signal
@@ -11,7 +12,7 @@ import time
 from pathlib import Path
 
 import graphd
-from conftest import wait_for
+from conftest import capture_at_once, wait_for
 
 HERE = Path(__file__).resolve().parent
 
@@ -173,3 +174,14 @@ def test_killed_process_leaves_nothing_behind(tmp_path):
     finally:
         victim.kill()
         other.kill()
+
+
+def test_processes_capture_at_once_against_a_fresh_daemon(tmp_path, monkeypatch):
+    """A torchrun-like start on the CPU (issue 18): eight processes of one uid capture at the
+    same moment against a daemon that has just started, so every capture waits in the queue of
+    the one executor the first of them starts, then all train, their replays interleaved with
+    the others' captures; two rounds, a fresh daemon each, no failure allowed. The GPU form,
+    16 processes and 10 rounds, is test_cuda.py's."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # eight processes, and the executor, on few cores
+    failures = capture_at_once(tmp_path, "cpu", 8, 2)
+    assert not failures, "\n".join(failures)
