@@ -140,8 +140,9 @@ def capture_at_once(tmp_path, device, procs, rounds, timeout=300):
     processes of this uid (tests/python/concurrent_worker.py) build their models on device, wait
     at a barrier, then all capture at the same moment, every capture queued on the one executor
     of this uid and device that the first of them starts, and train 20 steps each against an
-    eager twin, their replays interleaved with the others' captures. Returns the failures, one
-    line each (round, process, exit code, the end of its stderr)."""
+    eager twin, their replays interleaved with the others' captures; then the daemon must show
+    one executor for the device, started once. Returns the failures, one line each (round,
+    process, exit code, the end of its stderr; or the executors)."""
     script = Path(__file__).resolve().parent / "concurrent_worker.py"
     failures = []
     for rnd in range(rounds):
@@ -157,6 +158,14 @@ def capture_at_once(tmp_path, device, procs, rounds, timeout=300):
                             rnd, r, p.returncode, err.strip().splitlines()[-3:]))
             finally:
                 kill_all(workers)
+            # The first captures raced to start this uid's executor on the device: one started,
+            # once, and served them all.
+            with graphd.Client(address) as c:
+                execs = [x for x in c.status()["executors"]
+                         if x["device"].split(":")[0] == device]
+            if [(int(x["starts"]), int(x["died"])) for x in execs] != [(1, 0)]:
+                failures.append("round %d: executors on %s (one started once expected): %s" % (
+                    rnd, device, execs))
     return failures
 
 
