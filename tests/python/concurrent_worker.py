@@ -12,13 +12,6 @@ import torch.nn as nn
 import graphd
 
 rank, device = int(sys.argv[1]), sys.argv[2]
-
-
-def sync():
-    if device == "cuda":
-        torch.cuda.synchronize()
-
-
 torch.manual_seed(rank)
 layers = []
 for i in range(3):
@@ -27,7 +20,8 @@ eager = nn.Sequential(*layers).to(device)
 model = copy.deepcopy(eager)
 x = torch.randn(16, 64, device=device)
 y = torch.randn(16, 64, device=device)
-sync()
+if device == "cuda":
+    torch.cuda.synchronize()
 print("ready", flush=True)
 sys.stdin.readline()
 g = graphd.make_graphed_callables(model, (x.clone(),))
