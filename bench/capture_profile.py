@@ -55,8 +55,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from gd_daemon import client_on_path  # bench/, the script's own folder
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "client" / "python"))
+CLIENT = client_on_path()  # PYTHONPATH's graphd package, else this tree's
 
 import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
@@ -300,8 +302,9 @@ def main():
     x = torch.randn(batch, width)
     mode = ("host-staged on " + args.device if args.host_staged
             else "device-resident on " + args.device if device.type == "cuda" else "cpu")
-    print("torch %s, %d threads; MLP (%d, %d, %d), %s, num_warmup_iters %d" % (
-        torch.__version__, torch.get_num_threads(), batch, width, depth, mode, args.warmup))
+    print("torch %s, %d threads; MLP (%d, %d, %d), %s, num_warmup_iters %d; client package from %s"
+          % (torch.__version__, torch.get_num_threads(), batch, width, depth, mode, args.warmup,
+             CLIENT))
 
     try:
         ref = copy.deepcopy(base).to(device)

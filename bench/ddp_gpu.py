@@ -40,9 +40,7 @@ def free_port():
 
 
 def start_daemon(tmp):
-    sys.path.insert(0, str(REPO / "client" / "python"))
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from gd_daemon import wait_until_answering
+    from gd_daemon import wait_until_answering  # bench/, the script's own folder
     build = Path(os.environ.get("GRAPHD_BUILD") or REPO / "build")
     address = "unix:%s" % (Path(tmp) / "graphd.sock")
     log = open(Path(tmp) / "graphd.log", "w")
@@ -69,6 +67,8 @@ def main():
                     help="a running daemon (default: start build/graphd)")
     ap.add_argument("--timeout", type=int, default=300, help="seconds for the whole run")
     args = ap.parse_args()
+    from gd_daemon import client_on_path  # bench/, the script's own folder
+    print("ddp_gpu: client package from %s" % client_on_path(), flush=True)
 
     import torch
     with tempfile.TemporaryDirectory() as tmp:
@@ -84,8 +84,7 @@ def main():
                            MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                            GRAPHD_ADDRESS=address)
                 env["PYTHONPATH"] = os.pathsep.join(
-                    p for p in (str(REPO / "client" / "python"), str(WORKER.parent),
-                                env.get("PYTHONPATH")) if p)
+                    p for p in (env.get("PYTHONPATH"), str(WORKER.parent)) if p)
                 procs.append(subprocess.Popen(
                     [sys.executable, str(WORKER), "--device", args.device, "--steps",
                      str(args.steps), "--scenarios", args.scenarios, "--out",

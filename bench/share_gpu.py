@@ -908,17 +908,12 @@ def main():
         a.graphd = Path("build/graphd") if Path("build/graphd").exists() else REPO / "build/graphd"
     a.graphd = a.graphd.resolve()
     # The client library next to the daemon binary, unless told otherwise, so that the two
-    # match; and the package from this tree when it is not on the path (for the workers too).
+    # match; and the package PYTHONPATH names, else this tree's (for the workers too).
     if not (os.environ.get("GRAPHD_LIB") or os.environ.get("GRAPHD_BUILD")) and \
             (a.graphd.parent / "libgraphd.so").exists():
         os.environ["GRAPHD_BUILD"] = str(a.graphd.parent)
-    pkg = str(REPO / "client" / "python")
-    try:
-        import graphd  # noqa: F401
-    except ImportError:
-        sys.path.insert(0, pkg)
-        os.environ["PYTHONPATH"] = os.pathsep.join(
-            p for p in (pkg, os.environ.get("PYTHONPATH")) if p)
+    from gd_daemon import client_on_path  # bench/, the script's own folder
+    print("share_gpu: client package from %s" % client_on_path(), file=sys.stderr, flush=True)
 
     # SIGTERM / SIGHUP end the run like Ctrl-C does, through the cleanup in the finally blocks.
     def interrupted(signum, frame):

@@ -171,9 +171,8 @@ def main():
     ap.add_argument("--timeout", type=float, default=300)
     ap.add_argument("--json", help="write the rows here")
     a = ap.parse_args()
-    os.environ["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(REPO / "client" / "python"), os.environ.get("PYTHONPATH")) if p)
-    sys.path.insert(0, str(REPO / "client" / "python"))
+    from gd_daemon import client_on_path  # bench/, this script's own folder
+    print("share_profile: client package from %s" % client_on_path(), file=sys.stderr)
     os.environ.setdefault("GRAPHD_BUILD", str(a.graphd.parent))
     variants = []
     for v in a.variants.split(","):

@@ -406,6 +406,7 @@ def parent(a):
     a.tmp = Path(tempfile.mkdtemp(prefix="targets18-"))
     t_start = time.monotonic()
     rows, detail, failed = [], {}, False
+    print("targets18: client package from %s" % a.client, file=sys.stderr, flush=True)
     for name, fn in (("1", target1), ("2", target2), ("3", target3), ("4", target4)):
         if name not in a.targets:
             continue
@@ -435,7 +436,8 @@ def parent(a):
                     "met": met})
     print("(%.0f s in all)" % (time.monotonic() - t_start))
     if a.json:
-        Path(a.json).write_text(json.dumps({"targets": out, "rounds": detail}, indent=2) + "\n")
+        Path(a.json).write_text(json.dumps({"targets": out, "rounds": detail,
+                                             "client": str(a.client)}, indent=2) + "\n")
     return 1 if failed else 0
 
 
@@ -474,12 +476,10 @@ def main():
         sys.exit("targets18: no %s: build it first (make TORCH=python all)" % a.graphd)
     if not os.environ.get("GRAPHD_BUILD") and (a.graphd.parent / "libgraphd.so").exists():
         os.environ["GRAPHD_BUILD"] = str(a.graphd.parent)
-    pkg = str(REPO / "client" / "python")
-    if pkg not in sys.path:  # share_gpu's Daemon (FreshDaemon) imports graphd here too
-        sys.path.insert(0, pkg)
-    if pkg not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
-        os.environ["PYTHONPATH"] = os.pathsep.join(
-            p for p in (pkg, os.environ.get("PYTHONPATH")) if p)
+    from gd_daemon import client_on_path  # bench/, the script's own folder
+    # PYTHONPATH's client if it names one (an A/B of two clients), else this tree's, for the
+    # parent (share_gpu's FreshDaemon imports graphd here) and every part's process
+    a.client = client_on_path()
     return parent(a)
 
 

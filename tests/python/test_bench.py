@@ -211,3 +211,33 @@ def test_forward_ablation_runs_its_modes_on_the_cpu_and_checks_its_lean_function
     # The lean Function runs fewer opcodes than the client it strips down, and the guards add
     # some; on the CPU the in-process model is the eager one, not counted against either.
     assert counts["graphd lean"] < counts["graphd lean + guards"] < counts["graphd"], p.stdout
+
+
+def test_targets18_measures_the_client_pythonpath_names_in_every_process(tmp_path):
+    """An A/B of two clients puts the other client first on PYTHONPATH: targets18 (target 3,
+    the quickest) must measure that one, in its own process and in each part's, and say so in
+    its output and JSON; before, it put this tree's client ahead of PYTHONPATH, so both sides of
+    such an A/B ran the tree's client."""
+    alt = tmp_path / "alt"
+    shutil.copytree(REPO / "client" / "python" / "graphd", alt / "graphd",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    marks = tmp_path / "marks"
+    with open(alt / "graphd" / "__init__.py", "a") as f:  # each importing process says so
+        f.write("\nwith open(%r, 'a') as _f:\n    _f.write('%%d\\n' %% __import__('os').getpid())\n"
+                % str(marks))
+    out = tmp_path / "t3.json"
+    short = tempfile.mkdtemp(prefix="t18-", dir="/tmp")  # the daemons' sockets: a short path
+    try:
+        p = subprocess.run(
+            [sys.executable, str(REPO / "bench" / "targets18.py"), "--device", "cpu", "--window",
+             "0.2", "--targets", "3", "--graphd",
+             os.path.join(os.environ["GRAPHD_BUILD"], "graphd"), "--json", str(out)],
+            capture_output=True, text=True, timeout=300,
+            env=dict(os.environ, TMPDIR=short, PYTHONPATH=str(alt)))
+    finally:
+        shutil.rmtree(short, ignore_errors=True)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert json.loads(out.read_text())["client"] == str(alt)
+    assert "client package from %s" % alt in p.stderr, p.stderr
+    pids = set(marks.read_text().split()) if marks.exists() else set()
+    assert len(pids) >= 2, pids  # the parent and at least one part's process
