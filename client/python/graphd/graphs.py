@@ -335,6 +335,7 @@ class _Runner:
         self.forwards = 0
         self.backpropagated = 0
         self.out_spec = out_spec
+        self.module = None  # a graphed module's, from bind_module()
         self.leaf_out = _is_leaf(out_spec)  # one tensor out: __call__ returns it, no pytree
         self.no_grad_outputs = [k for k, rg in enumerate(static.output_requires_grad) if not rg]
         # Device-resident: the CUDA device whose current stream orders the replays.
@@ -525,7 +526,19 @@ class _Runner:
         raise TypeError("graphd: a graphed function cannot be pickled: it replays graphs that "
                         "live in the daemon. Pickle the original function")
 
+    def bind_module(self, module):
+        """Makes this runner module's forward (module.forward = runner): upstream's new_fwd and
+        functionalized in one call, for inside a training step each Python frame costs several
+        times what it costs in a loop of itself (bench/forward_ablation.py). The graph runs while
+        module.training is what it was at capture; otherwise the module's own forward does."""
+        self.module, self.training_state, self.orig_forward = module, module.training, \
+            module.forward
+        module.forward = self
+
     def __call__(self, *user_args, **user_kwargs):
+        module = self.module
+        if module is not None and module.training != self.training_state:
+            return self.orig_forward(*user_args, **user_kwargs)
         if self.slots:
             self.check_module()
         if user_kwargs:
@@ -635,7 +648,7 @@ class _Graphed(torch.autograd.Function):
         for static, b in runner.mirrored_buffers:
             b.copy_(static)
         s = runner.static  # captured anew if the daemon was restarted under the replay
-        outs = tuple(o.detach() for o in s.outputs)
+        outs = tuple(map(_DETACH, s.outputs))
         if runner.no_grad_outputs:
             ctx.mark_non_differentiable(*(outs[k] for k in runner.no_grad_outputs))
         return outs
@@ -1012,15 +1025,9 @@ def make_graphed_callables(callables, sample_args, num_warmup_iters=3, allow_unu
         graphed = _Runner(graph, static, len(flat), params, out_spec, buffers, slots, bound_args)
 
         if isinstance(func, torch.nn.Module):
-            def make_graphed_forward(func, graph_training_state, graphed, orig_fwd):
-                def new_fwd(*user_args, **user_kwargs):
-                    # If the module's training-or-eval state matches what we graphed, run the
-                    # graph, otherwise run the original forward method.
-                    if func.training == graph_training_state:
-                        return graphed(*user_args, **user_kwargs)
-                    return orig_fwd(*user_args, **user_kwargs)
-                return new_fwd
-            func.forward = make_graphed_forward(func, func.training, graphed, func.forward)
+            # If the module's training-or-eval state matches what we graphed, the graph runs,
+            # otherwise the original forward method.
+            graphed.bind_module(func)
             func._graphd_runner = graphed  # the graph and its static tensors, for inspection
             if not isinstance(func, torch.jit.ScriptModule):
                 func.__class__ = _graphed_class(type(func))
