@@ -540,7 +540,14 @@ class _Runner:
         if module is not None and module.training != self.training_state:
             return self.orig_forward(*user_args, **user_kwargs)
         if self.slots:
-            self.check_module()
+            # check_module()'s two passes, here (one frame fewer a step); it runs only when a
+            # slot changed or there are buffers of the graph's own to check
+            mods, kinds, owner_dicts = self.slot_owners
+            dicts, attrs, tensors = self.slot_cols
+            if not (all(map(operator.is_, map(getattr, mods, kinds), owner_dicts))
+                    and all(map(operator.is_, map(dict.get, dicts, attrs), tensors))) \
+                    or self.own_buffers:
+                self.check_module()
         if user_kwargs:
             raise TypeError("graphd: a graphed callable takes its args as in sample_args "
                             "(positional only), not keyword args %s" % sorted(user_kwargs))
