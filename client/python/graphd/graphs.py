@@ -552,14 +552,21 @@ class _Runner:
             raise TypeError("graphd: a graphed callable takes its args as in sample_args "
                             "(positional only), not keyword args %s" % sorted(user_kwargs))
         # Plain tensors (the usual call) are their own flattening: tree_flatten only for others.
-        if all(map(isinstance, user_args, itertools.repeat(torch.Tensor))):
-            flat = user_args
-        else:
-            flat = tuple(tree_flatten(user_args)[0])
+        tensors = all(map(isinstance, user_args, itertools.repeat(torch.Tensor)))
+        flat = user_args if tensors else tuple(tree_flatten(user_args)[0])
         if len(flat) != self.n_args:
             raise TypeError("graphd: the graphed callable was captured with %d tensor args, "
                             "got %d" % (self.n_args, len(flat)))
-        out = _Graphed.apply(self, *(flat + self.autograd_params))
+        if tensors and not _TRANSFORMS_ACTIVE():
+            # What torch's Function.apply does here, without its Python layers (since torch 2.0
+            # a classmethod that unwraps dead functorch wrappers among all the args, each
+            # parameter included, before the C apply): the user's args unwrapped, the
+            # parameters are the module's own (checked above), then the C apply.
+            if _UNWRAP_IF_DEAD is not None:
+                flat = tuple(map(_UNWRAP_IF_DEAD, flat))
+            out = _APPLY(self, *flat, *self.autograd_params)
+        else:  # under torch.func's transforms (which refuse the Function, as upstream's)
+            out = _Graphed.apply(self, *flat, *self.autograd_params)
         if self.leaf_out:
             return out[0]
         return tree_unflatten(list(out), self.out_spec)
@@ -720,6 +727,10 @@ def _backward(ctx, *grads):
 
 
 _backward_once = torch.autograd.function.once_differentiable(_backward)
+# _Graphed.apply as torch implements it in C (_Runner.__call__).
+_APPLY = torch._C._FunctionBase.__dict__["apply"].__get__(None, _Graphed)
+_TRANSFORMS_ACTIVE = getattr(torch._C, "_are_functorch_transforms_active", lambda: False)
+_UNWRAP_IF_DEAD = getattr(getattr(torch._C, "_functorch", None), "unwrap_if_dead", None)
 
 
 def _resolve_pool(client, pool, device):
