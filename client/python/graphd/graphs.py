@@ -619,7 +619,7 @@ class _Graphed(torch.autograd.Function):
     def forward(ctx, runner, *inputs):
         s = runner.static
         ctx.runner = runner
-        ctx.set_materialize_grads(False)
+        ctx.materialize_grads = False  # set_materialize_grads(False)'s work, without its frame
         # Only the user args may be new tensors; parameters are the static tensors unless the
         # same Parameter is shared with another graphed callable (or was rebound since).
         for k, (static, x) in enumerate(zip(s.inputs, inputs)):
