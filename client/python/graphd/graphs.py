@@ -728,7 +728,9 @@ def _backward(ctx, *grads):
 
 _backward_once = torch.autograd.function.once_differentiable(_backward)
 # _Graphed.apply as torch implements it in C (_Runner.__call__).
-_APPLY = torch._C._FunctionBase.__dict__["apply"].__get__(None, _Graphed)
+_APPLY = getattr(getattr(torch._C, "_FunctionBase", None), "__dict__", {}).get("apply")
+# A torch without it there (none known) keeps Function.apply, which does the same work.
+_APPLY = _APPLY.__get__(None, _Graphed) if _APPLY is not None else _Graphed.apply
 _TRANSFORMS_ACTIVE = getattr(torch._C, "_are_functorch_transforms_active", lambda: False)
 _UNWRAP_IF_DEAD = getattr(getattr(torch._C, "_functorch", None), "unwrap_if_dead", None)
 
