@@ -179,6 +179,24 @@ def test_backward_with_create_graph_gives_grads_that_refuse_a_second_differentia
         gw.sum().backward()
 
 
+@pytest.mark.skipif(not hasattr(torch, "func"), reason="torch.func's transforms (torch >= 2.0)")
+def test_under_torch_func_transforms_as_upstreams_function():
+    """The graphed callable calls torch's C apply straight, without Function.apply's Python
+    layers; it keeps what those do: inside a torch.func transform it is refused as any Function
+    without setup_context is, and a tensor leaked from a transform that has ended (a dead
+    wrapper) is unwrapped first."""
+    torch.manual_seed(0)
+    m = nn.Linear(4, 3)
+    x = torch.randn(5, 4)
+    g = graphd.make_graphed_callables(m, (x.clone(),))
+    with pytest.raises(RuntimeError, match="setup_context"):
+        torch.func.grad(lambda t: g(t).sum())(x)
+    ref = g(x).detach()
+    leaked = []
+    torch.func.grad(lambda t: (leaked.append(t), (t * 2).sum())[1])(x.clone())
+    torch.testing.assert_close(g(leaked[0]).detach(), ref, rtol=0, atol=0)
+
+
 def test_static_input_passed_back():
     torch.manual_seed(0)
     m = gd_models.mlp()

@@ -335,6 +335,7 @@ class _Runner:
         self.forwards = 0
         self.backpropagated = 0
         self.out_spec = out_spec
+        self.module = None  # a graphed module's, from bind_module()
         self.leaf_out = _is_leaf(out_spec)  # one tensor out: __call__ returns it, no pytree
         self.no_grad_outputs = [k for k, rg in enumerate(static.output_requires_grad) if not rg]
         # Device-resident: the CUDA device whose current stream orders the replays.
@@ -525,21 +526,47 @@ class _Runner:
         raise TypeError("graphd: a graphed function cannot be pickled: it replays graphs that "
                         "live in the daemon. Pickle the original function")
 
+    def bind_module(self, module):
+        """Makes this runner module's forward (module.forward = runner): upstream's new_fwd and
+        functionalized in one call, for inside a training step each Python frame costs several
+        times what it costs in a loop of itself (bench/forward_ablation.py). The graph runs while
+        module.training is what it was at capture; otherwise the module's own forward does."""
+        self.module, self.training_state, self.orig_forward = module, module.training, \
+            module.forward
+        module.forward = self
+
     def __call__(self, *user_args, **user_kwargs):
+        module = self.module
+        if module is not None and module.training != self.training_state:
+            return self.orig_forward(*user_args, **user_kwargs)
         if self.slots:
-            self.check_module()
+            # check_module()'s two passes, here (one frame fewer a step); it runs only when a
+            # slot changed or there are buffers of the graph's own to check
+            mods, kinds, owner_dicts = self.slot_owners
+            dicts, attrs, tensors = self.slot_cols
+            if not (all(map(operator.is_, map(getattr, mods, kinds), owner_dicts))
+                    and all(map(operator.is_, map(dict.get, dicts, attrs), tensors))) \
+                    or self.own_buffers:
+                self.check_module()
         if user_kwargs:
             raise TypeError("graphd: a graphed callable takes its args as in sample_args "
                             "(positional only), not keyword args %s" % sorted(user_kwargs))
         # Plain tensors (the usual call) are their own flattening: tree_flatten only for others.
-        if all(map(isinstance, user_args, itertools.repeat(torch.Tensor))):
-            flat = user_args
-        else:
-            flat = tuple(tree_flatten(user_args)[0])
+        tensors = all(map(isinstance, user_args, itertools.repeat(torch.Tensor)))
+        flat = user_args if tensors else tuple(tree_flatten(user_args)[0])
         if len(flat) != self.n_args:
             raise TypeError("graphd: the graphed callable was captured with %d tensor args, "
                             "got %d" % (self.n_args, len(flat)))
-        out = _Graphed.apply(self, *(flat + self.autograd_params))
+        if tensors and not _TRANSFORMS_ACTIVE():
+            # What torch's Function.apply does here, without its Python layers (since torch 2.0
+            # a classmethod that unwraps dead functorch wrappers among all the args, each
+            # parameter included, before the C apply): the user's args unwrapped, the
+            # parameters are the module's own (checked above), then the C apply.
+            if _UNWRAP_IF_DEAD is not None:
+                flat = tuple(map(_UNWRAP_IF_DEAD, flat))
+            out = _APPLY(self, *flat, *self.autograd_params)
+        else:  # under torch.func's transforms (which refuse the Function, as upstream's)
+            out = _Graphed.apply(self, *flat, *self.autograd_params)
         if self.leaf_out:
             return out[0]
         return tree_unflatten(list(out), self.out_spec)
@@ -592,7 +619,7 @@ class _Graphed(torch.autograd.Function):
     def forward(ctx, runner, *inputs):
         s = runner.static
         ctx.runner = runner
-        ctx.set_materialize_grads(False)
+        ctx.materialize_grads = False  # set_materialize_grads(False)'s work, without its frame
         # Only the user args may be new tensors; parameters are the static tensors unless the
         # same Parameter is shared with another graphed callable (or was rebound since).
         for k, (static, x) in enumerate(zip(s.inputs, inputs)):
@@ -635,7 +662,7 @@ class _Graphed(torch.autograd.Function):
         for static, b in runner.mirrored_buffers:
             b.copy_(static)
         s = runner.static  # captured anew if the daemon was restarted under the replay
-        outs = tuple(o.detach() for o in s.outputs)
+        outs = tuple(map(_DETACH, s.outputs))
         if runner.no_grad_outputs:
             ctx.mark_non_differentiable(*(outs[k] for k in runner.no_grad_outputs))
         return outs
@@ -700,6 +727,12 @@ def _backward(ctx, *grads):
 
 
 _backward_once = torch.autograd.function.once_differentiable(_backward)
+# _Graphed.apply as torch implements it in C (_Runner.__call__).
+_APPLY = getattr(getattr(torch._C, "_FunctionBase", None), "__dict__", {}).get("apply")
+# A torch without it there (none known) keeps Function.apply, which does the same work.
+_APPLY = _APPLY.__get__(None, _Graphed) if _APPLY is not None else _Graphed.apply
+_TRANSFORMS_ACTIVE = getattr(torch._C, "_are_functorch_transforms_active", lambda: False)
+_UNWRAP_IF_DEAD = getattr(getattr(torch._C, "_functorch", None), "unwrap_if_dead", None)
 
 
 def _resolve_pool(client, pool, device):
@@ -1012,15 +1045,9 @@ def make_graphed_callables(callables, sample_args, num_warmup_iters=3, allow_unu
         graphed = _Runner(graph, static, len(flat), params, out_spec, buffers, slots, bound_args)
 
         if isinstance(func, torch.nn.Module):
-            def make_graphed_forward(func, graph_training_state, graphed, orig_fwd):
-                def new_fwd(*user_args, **user_kwargs):
-                    # If the module's training-or-eval state matches what we graphed, run the
-                    # graph, otherwise run the original forward method.
-                    if func.training == graph_training_state:
-                        return graphed(*user_args, **user_kwargs)
-                    return orig_fwd(*user_args, **user_kwargs)
-                return new_fwd
-            func.forward = make_graphed_forward(func, func.training, graphed, func.forward)
+            # If the module's training-or-eval state matches what we graphed, the graph runs,
+            # otherwise the original forward method.
+            graphed.bind_module(func)
             func._graphd_runner = graphed  # the graph and its static tensors, for inspection
             if not isinstance(func, torch.jit.ScriptModule):
                 func.__class__ = _graphed_class(type(func))
