@@ -241,3 +241,31 @@ def test_targets18_measures_the_client_pythonpath_names_in_every_process(tmp_pat
     assert "client package from %s" % alt in p.stderr, p.stderr
     pids = set(marks.read_text().split()) if marks.exists() else set()
     assert len(pids) >= 2, pids  # the parent and at least one part's process
+
+
+def test_targets18_target4_compares_the_medians_of_later_captures(tmp_path):
+    """Target 4's smoke run on the CPU: each round's capture parts time captures 2 to
+    --captures of each mode (one ~10 ms capture a mode decided a round before), and the medians'
+    ratio is a row of its own next to the second capture's."""
+    out = tmp_path / "t4.json"
+    short = tempfile.mkdtemp(prefix="t18-", dir="/tmp")  # the daemons' sockets: a short path
+    try:
+        p = subprocess.run(
+            [sys.executable, str(REPO / "bench" / "targets18.py"), "--device", "cpu", "--window",
+             "0.2", "--targets", "4", "--captures", "4", "--graphd",
+             os.path.join(os.environ["GRAPHD_BUILD"], "graphd"), "--json", str(out)],
+            capture_output=True, text=True, timeout=300, env=dict(os.environ, TMPDIR=short))
+    finally:
+        shutil.rmtree(short, ignore_errors=True)
+    assert p.returncode == 0, p.stdout + p.stderr
+    got = json.loads(out.read_text())
+    rounds = got["rounds"]["4"]
+    assert len(rounds) == 3, rounds
+    for r in rounds:
+        for mode in ("graphd", "inproc"):
+            later = r[mode]["later_ms"]
+            assert len(later) == 3 and later[0] == r[mode]["second_ms"], r
+            assert all(t > 0 for t in later), r
+    rows = {t["name"]: t for t in got["targets"]}
+    assert len(rows["captures 2-4, median graphd/in-process"]["values"]) == 3, rows
+    assert "captures 2-4, median graphd/in-process" in p.stdout, p.stdout
