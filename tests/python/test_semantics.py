@@ -182,9 +182,12 @@ def test_backward_with_create_graph_gives_grads_that_refuse_a_second_differentia
 @pytest.mark.skipif(not hasattr(torch, "func"), reason="torch.func's transforms (torch >= 2.0)")
 def test_under_torch_func_transforms_as_upstreams_function():
     """The graphed callable calls torch's C apply straight, without Function.apply's Python
-    layers; it keeps what those do: inside a torch.func transform it is refused as any Function
-    without setup_context is, and a tensor leaked from a transform that has ended (a dead
-    wrapper) is unwrapped first."""
+    layers, and behaves as through them: inside a torch.func transform it is refused with
+    upstream's message, as any Function without setup_context is (the C apply's own check would
+    refuse with another), and a tensor leaked from a transform that has ended (a dead wrapper,
+    which the runner unwraps as Function.apply does) replays to the plain tensor's output. The
+    values alone may not tell an unwrapped dead wrapper from one passed as it is: graphd copies
+    the input's values either way."""
     torch.manual_seed(0)
     m = nn.Linear(4, 3)
     x = torch.randn(5, 4)
