@@ -21,11 +21,11 @@ first in the next), and every throughput or latency figure from timed windows of
    and graphd p99 (<= 40 us), from WINDOW s of calls per mode and round.
 4. Capture time, MLP (64, 512, 8), device-resident: a process's second capture (another model
    of the same structure) over in-process's second capture (<= 1.2); the same for its second
-   and later captures, the median of captures 2 to --captures (default 5) of each mode over the
-   other's (<= 1.2: one ~10 ms capture a mode decides the first row's round, its medians this
-   row's); and a new process's first
-   capture against a warm daemon (one that has served the same structure to another process)
-   against a new process's first in-process capture: in-process / graphd (>= 10).
+   and later captures, the median of its captures 2 to --captures (default 5) over in-process's
+   (<= 1.2; one capture of about 10 ms a mode decides a round of the first row, medians this
+   one); and a new process's first capture against a warm daemon (one that has served the same
+   structure to another process) against a new process's first in-process capture: in-process /
+   graphd (>= 10).
 
 Usage (repository root, build/graphd built with TORCH=python):
   PYTHONPATH=client/python python3 bench/targets18.py [--window 3] [--json out.json]

@@ -17,6 +17,20 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 
 
+def run_targets18(*args, env=None):
+    """bench/targets18.py's CPU smoke run with args. It keeps its own temporary folder, with the
+    daemons' sockets in it: a short TMPDIR of this call's (pytest's tmp_path is too long for a
+    socket's path), removed after."""
+    short = tempfile.mkdtemp(prefix="t18-", dir="/tmp")
+    try:
+        return subprocess.run(
+            [sys.executable, str(REPO / "bench" / "targets18.py"), "--device", "cpu", "--window",
+             "0.2", "--graphd", os.path.join(os.environ["GRAPHD_BUILD"], "graphd")] + list(args),
+            capture_output=True, text=True, timeout=300, env=dict(env or os.environ, TMPDIR=short))
+    finally:
+        shutil.rmtree(short, ignore_errors=True)
+
+
 def test_share_gpu_interleaves_the_modes_windows_in_one_set_of_processes(tmp_path):
     out = tmp_path / "share.json"
     p = subprocess.run(
@@ -111,18 +125,8 @@ def test_targets18_target2_rounds_carry_each_modes_step_and_host_work(tmp_path):
     control's row is printed unjudged. --daemon-arg reaches the daemon (a setting it refuses
     would fail the run)."""
     out = tmp_path / "t2.json"
-    # targets18 keeps its own temporary folder, with the daemons' sockets in it: a short TMPDIR
-    # of this test's (pytest's tmp_path is too long for a socket's path), removed after
-    short = tempfile.mkdtemp(prefix="t18-", dir="/tmp")
-    try:
-        p = subprocess.run(
-            [sys.executable, str(REPO / "bench" / "targets18.py"), "--device", "cpu", "--window",
-             "0.2", "--targets", "2", "--graphd",
-             os.path.join(os.environ["GRAPHD_BUILD"], "graphd"), "--json", str(out),
-             "--daemon-arg=--replay-spin-slice-us=0"],
-            capture_output=True, text=True, timeout=300, env=dict(os.environ, TMPDIR=short))
-    finally:
-        shutil.rmtree(short, ignore_errors=True)
+    p = run_targets18("--targets", "2", "--json", str(out),
+                      "--daemon-arg=--replay-spin-slice-us=0")
     assert p.returncode == 0, p.stdout + p.stderr
     rounds = json.loads(out.read_text())["rounds"]["2"]
     assert len(rounds) == 3, rounds
@@ -226,16 +230,8 @@ def test_targets18_measures_the_client_pythonpath_names_in_every_process(tmp_pat
         f.write("\nwith open(%r, 'a') as _f:\n    _f.write('%%d\\n' %% __import__('os').getpid())\n"
                 % str(marks))
     out = tmp_path / "t3.json"
-    short = tempfile.mkdtemp(prefix="t18-", dir="/tmp")  # the daemons' sockets: a short path
-    try:
-        p = subprocess.run(
-            [sys.executable, str(REPO / "bench" / "targets18.py"), "--device", "cpu", "--window",
-             "0.2", "--targets", "3", "--graphd",
-             os.path.join(os.environ["GRAPHD_BUILD"], "graphd"), "--json", str(out)],
-            capture_output=True, text=True, timeout=300,
-            env=dict(os.environ, TMPDIR=short, PYTHONPATH=str(alt)))
-    finally:
-        shutil.rmtree(short, ignore_errors=True)
+    p = run_targets18("--targets", "3", "--json", str(out),
+                      env=dict(os.environ, PYTHONPATH=str(alt)))
     assert p.returncode == 0, p.stdout + p.stderr
     assert json.loads(out.read_text())["client"] == str(alt)
     assert "client package from %s" % alt in p.stderr, p.stderr
@@ -248,15 +244,7 @@ def test_targets18_target4_compares_the_medians_of_later_captures(tmp_path):
     --captures of each mode (one ~10 ms capture a mode decided a round before), and the medians'
     ratio is a row of its own next to the second capture's."""
     out = tmp_path / "t4.json"
-    short = tempfile.mkdtemp(prefix="t18-", dir="/tmp")  # the daemons' sockets: a short path
-    try:
-        p = subprocess.run(
-            [sys.executable, str(REPO / "bench" / "targets18.py"), "--device", "cpu", "--window",
-             "0.2", "--targets", "4", "--captures", "4", "--graphd",
-             os.path.join(os.environ["GRAPHD_BUILD"], "graphd"), "--json", str(out)],
-            capture_output=True, text=True, timeout=300, env=dict(os.environ, TMPDIR=short))
-    finally:
-        shutil.rmtree(short, ignore_errors=True)
+    p = run_targets18("--targets", "4", "--captures", "4", "--json", str(out))
     assert p.returncode == 0, p.stdout + p.stderr
     got = json.loads(out.read_text())
     rounds = got["rounds"]["4"]
