@@ -275,6 +275,18 @@ def test_converted_module_is_refused(convert):
         m(torch.randn(4, 3, dtype=m[0].weight.dtype))
 
 
+def test_buffer_moved_in_place_is_refused():
+    """A buffer the graph keeps in its own static tensor, whose storage was swapped in place
+    (b.data = ...: the same tensor object, so the slot check passes) is refused, not trained
+    past: the graph would go on reading the old storage."""
+    m = nn.Sequential(nn.Linear(3, 3), nn.BatchNorm1d(3))
+    graphd.make_graphed_callables(m, (torch.randn(4, 3),))
+    m(torch.randn(4, 3))
+    m[1].running_mean.data = torch.zeros(3, dtype=torch.float64)
+    with pytest.raises(RuntimeError, match="a buffer of the graphed module is now torch.float64"):
+        m(torch.randn(4, 3))
+
+
 def test_forward_before_the_pending_backward_is_refused_at_that_backward():
     torch.manual_seed(0)
     m = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 1))
