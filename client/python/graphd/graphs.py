@@ -502,6 +502,10 @@ class _Runner:
         if not (all(map(operator.is_, map(getattr, mods, kinds), owner_dicts))
                 and all(map(operator.is_, map(dict.get, dicts, attrs), tensors))):
             self._check_slots()
+        if self.own_buffers:
+            self._check_own_buffers()
+
+    def _check_own_buffers(self):
         for view, b in self.own_buffers:
             if b.data_ptr() != view.data_ptr():
                 _converted("buffer", b, view)
@@ -540,14 +544,15 @@ class _Runner:
         if module is not None and module.training != self.training_state:
             return self.orig_forward(*user_args, **user_kwargs)
         if self.slots:
-            # check_module()'s two passes, here (one frame fewer a step); it runs only when a
-            # slot changed or there are buffers of the graph's own to check
+            # check_module(), here (one frame fewer a step): its two passes, then only what
+            # they found changed, or buffers of the graph's own, costs a call
             mods, kinds, owner_dicts = self.slot_owners
             dicts, attrs, tensors = self.slot_cols
             if not (all(map(operator.is_, map(getattr, mods, kinds), owner_dicts))
-                    and all(map(operator.is_, map(dict.get, dicts, attrs), tensors))) \
-                    or self.own_buffers:
-                self.check_module()
+                    and all(map(operator.is_, map(dict.get, dicts, attrs), tensors))):
+                self._check_slots()
+            if self.own_buffers:
+                self._check_own_buffers()
         if user_kwargs:
             raise TypeError("graphd: a graphed callable takes its args as in sample_args "
                             "(positional only), not keyword args %s" % sorted(user_kwargs))
