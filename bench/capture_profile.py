@@ -21,6 +21,9 @@ benchmark 4).
 model, next to the same steps eager in-process: on the CPU every replay runs the TorchScript method
 again, so executor settings that make capture cheaper must not make these slower.
 
+The last two rows are the Python gc pauses inside each capture (bench/gc_pauses.py), part of the
+rows above them: a single slow run that a collection explains is the process's, not graphd's.
+
 Each of --repeat captures uses a fresh copy of the same model; the first can include one-off costs
 (libtorch's first use in the daemon, CUDA context), so the table shows each run and the median of
 all but the first.
@@ -69,12 +72,16 @@ from graphd import graphs as gd_graphs  # noqa: E402
 from graphd import slow as gd_slow  # noqa: E402
 from graphd import trace_cache as gd_trace_cache  # noqa: E402
 from gd_daemon import wait_until_answering  # noqa: E402 (bench/, the script's own folder)
+from gc_pauses import GcPauses  # noqa: E402 (bench/, the script's own folder)
 from bench_models import mlp  # noqa: E402 (bench/, the script's own folder)
 
 # The daemon's line for a capture; a daemon from before the steps were logged gives the total only.
 DAEMON_LINE = re.compile(r"captured \d+ graphs? in pool \S+ \(([\d.]+) ms(?:: prepare ([\d.]+) ms, "
                          r"regions ([\d.]+) ms, finish ([\d.]+) ms, queued ([\d.]+) ms"
                          r"(?:; warm-up reused for (\d+))?)?\)")
+
+
+PAUSES = GcPauses()  # Python's gc pauses, taken around each timed capture
 
 
 class Timers:
@@ -166,11 +173,13 @@ def in_process(model, x, device, warmup):
         nn.functional.mse_loss(model(x), torch.zeros_like(x)).backward()  # CUDA/cuBLAS init
         model.zero_grad(set_to_none=True)
         torch.cuda.synchronize()
+        PAUSES.take()
         t0 = time.perf_counter()
         torch.cuda.make_graphed_callables(model, (x,), num_warmup_iters=warmup)
         torch.cuda.synchronize()
         return (time.perf_counter() - t0) * 1e3
     params = [p for p in model.parameters() if p.requires_grad]
+    PAUSES.take()
     t0 = time.perf_counter()
     for _ in range(warmup):  # upstream's warm-up body
         out = model(x)
@@ -201,9 +210,12 @@ def graphd_capture(model, x, device_arg, warmup, timers, tail):
     timers.t = {}
     if x.is_cuda:
         torch.cuda.synchronize()
+    PAUSES.take()
     t0 = time.perf_counter()
     g = graphd.make_graphed_callables(model, (x,), num_warmup_iters=warmup, device=device_arg)
     wall = (time.perf_counter() - t0) * 1e3
+    timers.t["gc ms"], gens = PAUSES.take()
+    timers.t["gc n"] = sum(gens)
     lines = tail.captures()
     return wall, dict(timers.t), (lines[-1] if lines else None), g
 
@@ -309,7 +321,9 @@ def main():
     try:
         ref = copy.deepcopy(base).to(device)
         inproc = in_process(ref, x.to(device), device, args.warmup)
+        inproc_gc = PAUSES.take()[0]
         inproc2 = in_process(copy.deepcopy(base).to(device), x.to(device), device, args.warmup)
+        inproc2_gc = PAUSES.take()[0]
         del ref
         runs = []
         prof = cProfile.Profile() if args.cprofile > 0 else None
@@ -339,7 +353,8 @@ def main():
 
     label = ("torch.cuda.make_graphed_callables" if device.type == "cuda"
              else "%d eager warm-up iterations" % args.warmup)
-    print("in-process (%s): %.1f ms, again %.1f ms" % (label, inproc, inproc2))
+    print("in-process (%s): %.1f ms (Python gc %.1f ms of it), again %.1f ms (gc %.1f ms)"
+          % (label, inproc, inproc_gc, inproc2, inproc2_gc))
     print("trace cache (GRAPHD_TRACE_CACHE): %s, modules held %d" % (
         os.environ.get("GRAPHD_TRACE_CACHE", "disk"), args.modules_held))
     rows = [
@@ -375,6 +390,8 @@ def main():
             "trace+save", "register", "Capture", "release", "buffer warm-up", "bind", "pool",
             "mps check", "slow watch"))),
         ("make_graphed_callables", lambda w, t, d: w),
+        ("  of it, Python gc pauses", lambda w, t, d: t.get("gc ms", 0)),
+        ("  Python gc (collections)", lambda w, t, d: t.get("gc n", 0)),
     ]
     head = "%-28s" % "graphd, ms" + "".join("%10s" % ("run %d" % (i + 1))
                                               for i in range(len(runs)))

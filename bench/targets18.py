@@ -25,7 +25,8 @@ first in the next), and every throughput or latency figure from timed windows of
    (<= 1.2; one capture of about 10 ms a mode decides a round of the first row, medians this
    one); and a new process's first capture against a warm daemon (one that has served the same
    structure to another process) against a new process's first in-process capture: in-process /
-   graphd (>= 10).
+   graphd (>= 10). Each round prints every capture's ms with the Python gc pauses inside it
+   (bench/gc_pauses.py), which tell a capture that a collection slowed from a slow daemon.
 
 Usage (repository root, build/graphd built with TORCH=python):
   PYTHONPATH=client/python python3 bench/targets18.py [--window 3] [--json out.json]
@@ -225,6 +226,7 @@ def part_capture(a):
     import torch
 
     from bench_models import mlp
+    from gc_pauses import GcPauses
 
     b, w, d = (int(v) for v in a.shape.split(","))
     dev, sync, inproc_graphed = kit(a)
@@ -232,12 +234,13 @@ def part_capture(a):
         torch.cuda.init()
     if a.mode == "graphd":
         import graphd  # not inside the timed capture
-    times = []
+    times, gc_ms, pauses = [], [], GcPauses()
     for i in range(max(2, a.captures)):
         torch.manual_seed(i)
         model = mlp(w, d).to(dev)
         x = torch.randn(b, w, device=dev)
         sync()
+        pauses.take()
         t0 = time.perf_counter()
         if a.mode == "inproc":
             inproc_graphed(model, (x,))
@@ -245,8 +248,9 @@ def part_capture(a):
             graphd.make_graphed_callables(model, (x,))
         sync()
         times.append((time.perf_counter() - t0) * 1e3)
+        gc_ms.append(pauses.take()[0])  # the collections that landed inside this capture
     emit(part="capture", mode=a.mode, round=a.round, first_ms=times[0], second_ms=times[1],
-         later_ms=times[1:])
+         later_ms=times[1:], gc_ms=gc_ms)
 
 
 # ---- the parent ----------------------------------------------------------------------------
@@ -404,6 +408,12 @@ def target4(a):
                          / statistics.median(got["inproc"]["later_ms"]))
             first.append(got["inproc"]["first_ms"] / got["graphd"]["first_ms"])
             rounds.append(got)
+            # Each capture's ms, and the Python gc pauses inside it: a single slow capture
+            # that a collection explains is the process's, not the daemon's
+            print("targets18: target 4 round %d, ms a capture (gc ms inside): %s" % (r, "; ".join(
+                "%s %s" % (mode, " ".join("%.1f (%.1f)" % tg for tg in zip(
+                    [got[mode]["first_ms"]] + got[mode]["later_ms"], got[mode]["gc_ms"])))
+                for mode in order)), file=sys.stderr, flush=True)
     return [("second capture graphd/in-process", second, "<= 1.2", lambda v: v <= 1.2),
             ("captures 2-%d, median graphd/in-process" % max(2, a.captures), later, "<= 1.2",
              lambda v: v <= 1.2),

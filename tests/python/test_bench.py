@@ -254,6 +254,42 @@ def test_targets18_target4_compares_the_medians_of_later_captures(tmp_path):
             later = r[mode]["later_ms"]
             assert len(later) == 3 and later[0] == r[mode]["second_ms"], r
             assert all(t > 0 for t in later), r
+            # each capture's Python gc pauses, the first capture's included
+            assert len(r[mode]["gc_ms"]) == 4 and min(r[mode]["gc_ms"]) >= 0, r
     rows = {t["name"]: t for t in got["targets"]}
     assert len(rows["captures 2-4, median graphd/in-process"]["values"]) == 3, rows
     assert "captures 2-4, median graphd/in-process" in p.stdout, p.stdout
+    assert p.stderr.count("ms a capture (gc ms inside): ") == 3, p.stderr
+
+
+def test_gc_pauses_times_the_collections_inside_a_span():
+    """bench/gc_pauses.py, which the capture benchmarks print beside each capture: a forced full
+    collection over many cycles is counted as one of generation 2 and its pause is timed; take()
+    starts anew, and a span with no collection reads zero."""
+    import gc
+    sys.path.insert(0, str(REPO / "bench"))
+    try:
+        from gc_pauses import GcPauses
+    finally:
+        sys.path.remove(str(REPO / "bench"))
+    pauses = GcPauses()
+    try:
+        pauses.take()
+        for _ in range(20000):  # cycles only the collector frees
+            a, b = [], []
+            a.append(b)
+            b.append(a)
+        del a, b
+        gc.collect()
+        ms, gens = pauses.take()
+        assert gens[2] >= 1 and ms > 0, (ms, gens)
+        was = gc.isenabled()
+        gc.disable()
+        try:
+            assert pauses.take() == (0.0, (0, 0, 0))
+        finally:
+            if was:
+                gc.enable()
+    finally:
+        pauses.close()
+    assert pauses._callback not in gc.callbacks
