@@ -71,18 +71,18 @@ def wait_answering(proc, address, timeout):
 
 
 @contextlib.contextmanager
-def fresh_daemon(tmp_path, tag):
+def fresh_daemon(tmp_path, tag, args=()):
     """A graphd of its own on a socket in tmp_path (so fresh executors for this uid),
-    started with this process's environment and the options in GRAPHD_TEST_DAEMON_ARGS (split
-    on spaces; e.g. "--executor-cuda-queues 8" to see the held-session test fail without its
-    fix); yields its address. On the way out it is stopped, and an exit code other than 0 fails
+    started with this process's environment, args, and the options in GRAPHD_TEST_DAEMON_ARGS
+    (split on spaces; e.g. "--executor-cuda-queues 8" to see the held-session test fail without
+    its fix); yields its address. On the way out it is stopped, and an exit code other than 0 fails
     the test with the end of its log."""
     sock = tmp_path / ("graphd-%s.sock" % tag)
     log = tmp_path / ("graphd-%s.log" % tag)
     address = "unix:%s" % sock
     with open(log, "w") as out:
         daemon = subprocess.Popen([str(BUILD / "graphd"), "--config", "/dev/null",
-                                   "--listen", address]
+                                   "--listen", address] + list(args)
                                   + os.environ.get("GRAPHD_TEST_DAEMON_ARGS", "").split(),
                                   stdout=out, stderr=subprocess.STDOUT)
     try:

@@ -11,6 +11,7 @@ mapping disappears under a live tensor (graphd.h, graphd_close).
 """
 import atexit
 import ctypes
+import gc
 import json
 import os
 import secrets
@@ -177,8 +178,20 @@ class PoolHandle:
     def __init__(self, name, device, owned=False, client=None):
         self.name = name
         self.device = device
-        self.owned = owned  # made by graph_pool_handle() without a name: deleted at close
+        # Made by graph_pool_handle() without a name: deleted when this handle goes, which is
+        # after every graph captured in it (each holds it), or with the session at the latest.
+        self.owned = owned
         self._client = client
+        if owned and device is not None:
+            self._delete_when_gone(client)
+
+    def _delete_when_gone(self, client):
+        """An own pool lives as long as its handle, as upstream's private mempool lives as long
+        as its handle and the graphs made in it. Else a process that graphs again and again
+        would keep every pool, with its graphs' device memory, until it ends, and its 65th
+        make_graphed_callables would fail on max_pools_per_uid."""
+        c = client or default_client()
+        weakref.finalize(self, c._pool_gone, self.name).atexit = False
 
     def bind(self, device, client=None):
         """The pool on device: made there (or found there, for a name that exists) if this
@@ -188,6 +201,8 @@ class PoolHandle:
             c = self._client or client or default_client()
             self.device = _pool_on(c, self.name, c.check_device(device), self.owned,
                                    must_match=True)
+            if self.owned:
+                self._delete_when_gone(c)
         return self
 
     def __repr__(self):
@@ -225,6 +240,7 @@ class Client:
         # (session id, the device ids its daemon serves) once a session has listed them: a
         # daemon serves the same devices while it runs, and a restart is a new session.
         self._served = (0, frozenset())
+        self._pools_gone = []  # own pools whose handles went while they still held regions
         # The replay path's C functions and its out-parameter, looked up and made once: a
         # training step replays twice, and on the GPU machine every Python operation of that
         # path showed (docs/BENCHMARKS.md, "Step profile"). ns is only used under the lock.
@@ -380,6 +396,26 @@ class Client:
             if rc != 0:
                 raise self._fail(rc, "DeletePool failed")
             self._recovery.pool_deleted(name)
+
+    def _pool_gone(self, name):
+        """The handle of pool name, one of this process's own, went (a finalizer): deletes the
+        pool. One that still holds regions (its handle and its graphs collected together, the
+        handle first) is tried again before the next own pool is made."""
+        if _exiting:
+            return  # the process is going: the daemon deletes it with the session
+        with self._lock:
+            self._recovery.pool_deleted(name)  # a restored session does without it too
+            if self._closed or not self._h or not self._session:
+                return  # the daemon deleted it with the session
+            rc = _lib.lib().graphd_pool_delete(self._h, name.encode())
+            if rc != 0 and self._fail(rc, "").code == "FAILED_PRECONDITION":
+                self._pools_gone.append(name)
+            # else deleted, or gone with a daemon that went away
+
+    def _delete_pools_gone(self):
+        names, self._pools_gone = self._pools_gone, []
+        for name in names:
+            self._pool_gone(name)
 
     def check_device(self, device):
         """The canonical id of device ("cpu" => "cpu:0"); graphd.NotFound when the daemon does
@@ -631,8 +667,9 @@ def default_client():
 def graph_pool_handle(name=None, device=None, client=None):
     """A pool token for make_graphed_callables(pool=...). With a name, that daemon pool (created
     when missing): the same name from several processes shares one pool. Without one, a new
-    pool private to this process's uid, deleted by the daemon when its client's session ends
-    (however the process ends). device: a device the daemon
+    pool private to this process's uid, deleted when the handle and every graph captured in it
+    are gone, and by the daemon when its client's session ends at the latest (however the
+    process ends). device: a device the daemon
     serves ("cpu", "cuda:0", ...), where the pool is made now (a named pool that exists on
     another device is a ValueError); None, as upstream's handle, which has no device: a named
     pool that exists stays where it is, and otherwise the pool is made on the device of the
@@ -648,14 +685,33 @@ def graph_pool_handle(name=None, device=None, client=None):
     return PoolHandle(name, _pool_on(c, name, c.check_device(device), owned, True), owned, c)
 
 
+def _own_pool_on(c, name, dev):
+    """Makes pool name, one of this process's own, on device dev. At the daemon's
+    max_pools_per_uid, the pools of handles that are garbage but not yet collected (graphed
+    modules and their graphs refer to each other, so only the cycle collector frees them) are
+    deleted first: as the CUDA caching allocator frees its cache and tries again before an
+    out-of-memory error."""
+    c._delete_pools_gone()
+    try:
+        return c.create_pool(name, dev, delete_with_session=True)
+    except GraphdError as e:
+        if e.code != "RESOURCE_EXHAUSTED":
+            raise
+    gc.collect()  # runs the finalizers of own pools' handles: PoolHandle._delete_when_gone
+    c._delete_pools_gone()
+    return c.create_pool(name, dev, delete_with_session=True)
+
+
 def _pool_on(c, name, dev, owned, must_match):
     """Makes pool name on device dev (owned: deleted by the daemon with client c's session) or,
     for a name that exists, finds it; returns the pool's device. ValueError when it exists on
     another device and must_match."""
+    if owned:
+        return _own_pool_on(c, name, dev)["device"]
     try:
-        info = c.create_pool(name, dev, delete_with_session=owned)
+        info = c.create_pool(name, dev)
     except GraphdError as e:
-        if e.code != "ALREADY_EXISTS" or owned:
+        if e.code != "ALREADY_EXISTS":
             raise
         info = next((p for p in c.pools() if p["name"] == name), None)
         if info is None:  # deleted in between, or another uid's pool this one may not use

@@ -118,8 +118,20 @@ class _Capture:
 
     def __init__(self, modules, kwargs, graphs):
         self.modules = modules
+        pool = kwargs.get("pool")
+        if pool is not None and not isinstance(pool, str):
+            # A PoolHandle: its graphs hold it, this record only while they live (an own pool
+            # is deleted when its handle goes: client.PoolHandle)
+            kwargs = dict(kwargs, pool=weakref.ref(pool))
         self.kwargs = kwargs
         self.graphs = [weakref.ref(g) for g in graphs]
+
+    def capture_kwargs(self):
+        """The Capture call's options, its pool a PoolHandle again where it was one."""
+        pool = self.kwargs.get("pool")
+        if isinstance(pool, weakref.ref):
+            return dict(self.kwargs, pool=pool())
+        return self.kwargs
 
 
 class State:
@@ -302,7 +314,8 @@ class State:
                 if g is not None:
                     g._lost = _DEVICE_LOST % (g.id, g.device or "its device")
             return
-        pool = rec.kwargs.get("pool")
+        kwargs = rec.capture_kwargs()
+        pool = kwargs.get("pool")
         if hasattr(pool, "device") and pool.name not in self.pools and pool.device:
             try:  # a pool another process made: make it again (it may be back already)
                 c.create_pool(pool.name, pool.device)
@@ -312,7 +325,7 @@ class State:
         mids = [c.register_module(archive, name) for archive, name, _, _ in rec.modules]
         try:
             new = c.capture([(m, method, specs) for m, (_, _, method, specs)
-                             in zip(mids, rec.modules)], **rec.kwargs)
+                             in zip(mids, rec.modules)], **kwargs)
         finally:
             for m in mids:
                 c.release_module(m)
