@@ -230,10 +230,13 @@ def test_targets18_measures_the_client_pythonpath_names_in_every_process(tmp_pat
         f.write("\nwith open(%r, 'a') as _f:\n    _f.write('%%d\\n' %% __import__('os').getpid())\n"
                 % str(marks))
     out = tmp_path / "t3.json"
-    p = run_targets18("--targets", "3", "--json", str(out),
+    p = run_targets18("--targets", "3", "--t3-idle", "0.05", "--json", str(out),
                       env=dict(os.environ, PYTHONPATH=str(alt)))
     assert p.returncode == 0, p.stdout + p.stderr
     assert json.loads(out.read_text())["client"] == str(alt)
+    # --t3-idle reaches each round's process (the daemon idle before graphd's warm-up)
+    assert [m["idle_before_graphd_s"] for m in json.loads(out.read_text())["rounds"]["3"]] \
+        == [0.05] * 3
     assert "client package from %s" % alt in p.stderr, p.stderr
     pids = set(marks.read_text().split()) if marks.exists() else set()
     assert len(pids) >= 2, pids  # the parent and at least one part's process
