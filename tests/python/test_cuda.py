@@ -555,6 +555,36 @@ def test_graph_mempool_in_status(resident):
     assert int(p["graph_mempool_in_use_bytes"]) <= int(p["graph_mempool_reserved_bytes"])
 
 
+GRAPH_AGAIN = """
+import gc, torch, graphd
+nn = torch.nn
+for i in range(8):
+    m = nn.Sequential(nn.Linear(64, 64), nn.GELU(), nn.Linear(64, 64)).cuda()
+    x = torch.randn(16, 64, device="cuda")
+    m = graphd.make_graphed_callables(m, (x,))
+    m(x).sum().backward()
+    torch.cuda.synchronize()
+    print(i, flush=True)
+gc.collect()
+own = [p for p in graphd.default_client().pools() if p["name"].startswith("py-")]
+print("own pools", len(own), flush=True)
+"""
+
+
+def test_graphing_cuda_modules_again_and_again_keeps_no_pools(tmp_path):
+    """Each make_graphed_callables of a CUDA module without pool= gets a pool of its own (as
+    upstream's private mempool); those whose graphs are gone are deleted, with their graph
+    mempools, not kept until the process ends: with max_pools_per_uid = 3 the 4th of 8 failed."""
+    _need_cuda_here()
+    with fresh_daemon(tmp_path, "cuda-pools", ["--max-pools-per-uid", "3"]) as address:
+        out = subprocess.run([sys.executable, "-c", GRAPH_AGAIN], capture_output=True,
+                             text=True, timeout=300, env=dict(os.environ, GRAPHD_ADDRESS=address))
+        assert out.returncode == 0, out.stdout + out.stderr[-3000:]
+        lines = out.stdout.split("\n")
+        assert lines[:8] == [str(i) for i in range(8)], out.stdout
+        assert "own pools 1" in out.stdout  # the last module's, alive
+
+
 def _device_view(region, dtype_code, numel):
     """A CUDA tensor over a device region's memory, the way graphd maps device-resident static
     tensors (no copy); it keeps the region alive."""
