@@ -131,3 +131,23 @@ def test_graphing_again_and_again_does_not_run_out_of_pools(tmp_path):
                              timeout=240, env=dict(os.environ, GRAPHD_ADDRESS=address))
         assert out.returncode == 0, out.stdout + out.stderr[-2000:]
         assert out.stdout.split() == [str(i) for i in range(8)]
+
+
+def test_own_pool_whose_handle_goes_while_the_session_is_restored(client, monkeypatch):
+    """After a daemon restart the client makes its pools again (graphd.recovery); a handle that
+    goes meanwhile (its finalizer runs in any allocation) drops its pool from that list while the
+    restore walks it: that pool is not made again, and the walk goes on."""
+    h1 = graphd.graph_pool_handle(device="cpu:1", client=client)
+    holder = [graphd.graph_pool_handle(device="cpu:1", client=client)]
+    gone = holder[0].name
+    real = client.create_pool
+
+    def create_pool(name, *args, **kwargs):
+        holder.clear()  # the second handle goes while the first pool is made again
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(client, "create_pool", create_pool)
+    client._recovery._restore(client)  # both pools still exist here: ALREADY_EXISTS is fine
+    names = _names(client)
+    assert h1.name in names and gone not in names
+    assert gone not in client._recovery.pools

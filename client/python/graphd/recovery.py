@@ -293,7 +293,10 @@ class State:
         self.restores += 1
 
     def _restore(self, c):
-        for name, kw in self.pools.items():
+        # A copy: a pool's handle may go (its finalizer: pool_deleted) while this runs
+        for name, kw in list(self.pools.items()):
+            if name not in self.pools:
+                continue
             try:
                 c.create_pool(name, **kw)
             except GraphdError as e:
