@@ -413,9 +413,10 @@ class Client:
             # else deleted, or gone with a daemon that went away
 
     def _delete_pools_gone(self):
-        names, self._pools_gone = self._pools_gone, []
-        for name in names:
-            self._pool_gone(name)
+        with self._lock:  # a finalizer on another thread may be adding one
+            names, self._pools_gone = self._pools_gone, []
+            for name in names:
+                self._pool_gone(name)
 
     def check_device(self, device):
         """The canonical id of device ("cpu" => "cpu:0"); graphd.NotFound when the daemon does
