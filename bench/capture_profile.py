@@ -170,8 +170,12 @@ class LogTail:
 def in_process(model, x, device, warmup):
     """ms of the in-process alternative (see the module docstring)."""
     if device.type == "cuda":
-        nn.functional.mse_loss(model(x), torch.zeros_like(x)).backward()  # CUDA/cuBLAS init
-        model.zero_grad(set_to_none=True)
+        # CUDA/cuBLAS init, on a copy: a backward through the model itself on the default stream
+        # leaves AccumulateGrad nodes that upstream's warm-up on its side stream then warns of
+        # ("stream does not match", torch 2.11), and may synchronise on
+        init = copy.deepcopy(model)
+        nn.functional.mse_loss(init(x), torch.zeros_like(x)).backward()
+        del init
         torch.cuda.synchronize()
         PAUSES.take()
         t0 = time.perf_counter()
