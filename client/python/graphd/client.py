@@ -704,9 +704,9 @@ def _own_pool_on(c, name, dev):
 
 
 def _pool_on(c, name, dev, owned, must_match):
-    """Makes pool name on device dev (owned: deleted by the daemon with client c's session) or,
-    for a name that exists, finds it; returns the pool's device. ValueError when it exists on
-    another device and must_match."""
+    """Makes pool name on device dev (owned: one of this process's own, _own_pool_on) or, for a
+    name that exists, finds it; returns the pool's device. ValueError when it exists on another
+    device and must_match."""
     if owned:
         return _own_pool_on(c, name, dev)["device"]
     try:
